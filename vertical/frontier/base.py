@@ -1,0 +1,126 @@
+"""The frontier: the persistent URL store behind the scheduler.
+
+One interface, two backends (``sqlite:///...`` embedded, ``redis://...``
+shared). Both pass ``tests/test_frontier_backends.py``. The engine-facing
+logic (queues per host, round-robin, leases renewal) lives in
+``vertical.scheduler``; a backend only stores records and claims them
+atomically.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vertical.record import URLRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """Which records a crawl process takes (seed 000's two spiders).
+
+    A record is taken when it is due (``next_fetch <= now``) and:
+
+    * ``new_urls``: never fetched records are taken whatever their level;
+    * ``max_level`` / ``min_level``: fetched records within these levels;
+    * ``horizon``: fetched records last fetched at least this long ago
+      (the lane's "newness" window);
+    * ``stale``: any fetched record last fetched at least this long ago,
+      whatever its level (0 disables).
+    """
+
+    name: str = "all"
+    new_urls: bool = True
+    min_level: int = 0
+    max_level: int | None = None
+    horizon: float = 0.0
+    stale: float = 0.0
+
+
+ALL = Lane()
+
+
+class Frontier(ABC):
+    """Persistent store of :class:`~vertical.record.URLRecord`, keyed by
+    ``(site, fingerprint)``.
+
+    Writes are batched by the caller (lists in, one transaction out). Claims
+    are atomic: a record claimed by one owner, until its lease runs out, is
+    never returned to another.
+    """
+
+    uri: str = ""
+
+    @abstractmethod
+    def add(self, records: Sequence[URLRecord], *, claim_owner: str | None = None,
+            claim_until: float = 0.0) -> list[URLRecord]:
+        """Insert the records not known yet; return those inserted.
+
+        Known records are left untouched (a record is never reset by being
+        discovered again). With ``claim_owner``, inserted records are claimed
+        by it in the same atomic step.
+        """
+
+    @abstractmethod
+    def known(self, site: str, fingerprints: Iterable[int]) -> set[int]:
+        """The subset of ``fingerprints`` that has a record."""
+
+    @abstractmethod
+    def get_many(self, site: str, fingerprints: Iterable[int]) -> dict[int, URLRecord]:
+        """Records by fingerprint (missing ones left out)."""
+
+    def get(self, site: str, fingerprint: int) -> URLRecord | None:
+        return self.get_many(site, [fingerprint]).get(fingerprint)
+
+    @abstractmethod
+    def save(self, records: Sequence[URLRecord], *, release: bool = True) -> None:
+        """Write whole records in one transaction (upsert); with ``release``
+        their claims are dropped in the same step."""
+
+    @abstractmethod
+    def claim_due(self, site: str, owner: str, now: float, lease: float, limit: int,
+                  lane: Lane = ALL, hosts: Sequence[str] | None = None) -> list[URLRecord]:
+        """Atomically claim up to ``limit`` due records for ``owner`` until
+        ``now + lease``, highest ``priority`` first. Records in terminal
+        states and records under another owner's live lease are skipped.
+        With ``hosts``, only records of those hosts."""
+
+    @abstractmethod
+    def renew(self, site: str, owner: str, fingerprints: Iterable[int], until: float) -> None:
+        """Extend the owner's leases on these records."""
+
+    @abstractmethod
+    def release(self, site: str, owner: str, fingerprints: Iterable[int] | None = None) -> None:
+        """Drop the owner's claims (all of them when ``fingerprints`` is None)."""
+
+    @abstractmethod
+    def next_due(self, site: str, now: float, lane: Lane = ALL) -> float | None:
+        """The earliest time a record of this lane becomes claimable, or None."""
+
+    @abstractmethod
+    def iter_records(self, site: str | None = None) -> Iterator[URLRecord]:
+        """Every record (of one site), in no particular order."""
+
+    @abstractmethod
+    def count(self, site: str | None = None) -> int: ...
+
+    @abstractmethod
+    def sites(self) -> list[str]: ...
+
+    @abstractmethod
+    def get_meta(self, site: str, key: str) -> Any:
+        """Site-level state (policy state, counters); None when unset."""
+
+    @abstractmethod
+    def set_meta(self, site: str, key: str, value: Any) -> None: ...
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Frontier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

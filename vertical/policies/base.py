@@ -1,0 +1,129 @@
+"""The two policy interfaces of the frontier.
+
+Both are plain Python with no Scrapy and no I/O, so that the scheduler and the
+simulator (``vertical.sim``) run the very same code on the same records:
+
+* a :class:`FetchSchedule` decides *when* a page is due again (its refetch
+  delay), like Nutch's ``FetchSchedule``;
+* a :class:`PriorityPolicy` decides *which* due page goes first within a host
+  (its ``priority``; larger first).
+
+Time is a float of seconds (wall clock in the crawler, virtual in the
+simulator); policies never read a clock themselves.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from vertical.record import URLRecord
+
+
+class FetchSchedule(ABC):
+    """When is a page due again?
+
+    ``initial``, ``min_delay``, ``max_delay`` and ``factor`` come from the
+    site config's ``refetch`` section; subclasses take further keyword
+    parameters from the same section (unknown ones are a config error raised
+    by the constructor as ``TypeError``/``ValueError``).
+    """
+
+    name: str = ""
+
+    def __init__(
+        self,
+        initial: float,
+        min_delay: float,
+        max_delay: float,
+        factor: float = 2.0,
+        **params: Any,
+    ) -> None:
+        if params:
+            raise TypeError(f"unknown parameter(s) for {self.name!r}: {', '.join(sorted(params))}")
+        self.initial = float(initial)
+        self.min_delay = float(min_delay)
+        self.max_delay = float(max_delay)
+        self.factor = float(factor)
+
+    def clamp(self, delay: float) -> float:
+        return min(self.max_delay, max(self.min_delay, delay))
+
+    def set_discovered(self, record: URLRecord, now: float) -> None:
+        """A new URL: due now, with the initial delay (seed 001)."""
+        record.refetch_delay = self.clamp(self.initial)
+        record.next_fetch = now
+
+    def set_fetched(self, record: URLRecord, now: float, changed: bool) -> None:
+        """Record a visit and choose the next one.
+
+        Updates ``fetch_time``, ``visits``, ``changes`` and any estimator
+        state in ``record.extra``, then ``refetch_delay`` and
+        ``next_fetch = now + refetch_delay``. A first visit counts as changed.
+        """
+        first = record.visits == 0
+        record.visits += 1
+        if changed and not first:
+            record.changes += 1
+        record.refetch_delay = self.clamp(self.next_delay(record, now, changed, first))
+        record.fetch_time = now
+        record.next_fetch = now + record.refetch_delay
+
+    def set_gone(self, record: URLRecord, now: float) -> None:
+        """A 404/410: recheck with a growing delay, never forgotten."""
+        record.visits += 1
+        record.refetch_delay = self.clamp(max(record.refetch_delay, self.initial) * self.factor)
+        record.fetch_time = now
+        record.next_fetch = now + record.refetch_delay
+
+    def set_failed(self, record: URLRecord, now: float) -> None:
+        """A 5xx or network failure after Scrapy's retries: try again later,
+        keep the delay (a server fault says nothing about change)."""
+        record.next_fetch = now + self.clamp(record.refetch_delay or self.initial)
+
+    @abstractmethod
+    def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
+        """The new refetch delay (before clamping). ``record`` still holds
+        the previous ``fetch_time`` and ``refetch_delay``."""
+
+
+class PriorityPolicy(ABC):
+    """Which due page of a host goes first? Larger ``record.priority`` first.
+
+    The policy may keep global state (a step counter, the OPIC virtual page);
+    ``state()``/``load_state()`` let the frontier persist it between runs.
+    A policy must never need to touch every record in one step.
+    """
+
+    name: str = ""
+
+    def __init__(self, **params: Any) -> None:
+        if params:
+            raise TypeError(f"unknown parameter(s) for {self.name!r}: {', '.join(sorted(params))}")
+
+    @abstractmethod
+    def on_discovered(self, record: URLRecord, parent: URLRecord | None) -> None:
+        """Set the priority of a newly found URL (``parent`` is None for entry URLs)."""
+
+    @abstractmethod
+    def on_fetched(
+        self,
+        record: URLRecord,
+        harvest: float,
+        outlinks: Iterable[URLRecord],
+    ) -> None:
+        """Update after a fetch. ``harvest`` is the information gained
+        (log(size + 1) of what changed, 0 when unchanged); ``outlinks`` are the
+        records of the page's links (known or new) whose priority may change
+        (OPIC credit); the caller saves every record it passes in."""
+
+    def effective(self, record: URLRecord) -> float:
+        """The priority to compare now (policies with a global offset add it)."""
+        return record.priority
+
+    def state(self) -> Mapping[str, Any]:
+        return {}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        pass
