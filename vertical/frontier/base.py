@@ -81,11 +81,20 @@ class Frontier(ABC):
 
     @abstractmethod
     def claim_due(self, site: str, owner: str, now: float, lease: float, limit: int,
-                  lane: Lane = ALL, hosts: Sequence[str] | None = None) -> list[URLRecord]:
-        """Atomically claim up to ``limit`` due records for ``owner`` until
-        ``now + lease``, highest ``priority`` first. Records in terminal
-        states and records under another owner's live lease are skipped.
-        With ``hosts``, only records of those hosts."""
+                  lane: Lane = ALL, exclude_hosts: Sequence[str] = (),
+                  fetched_before: float | None = None) -> list[URLRecord]:
+        """Atomically claim up to ``limit`` due records of ``lane`` for
+        ``owner`` until ``now + lease``, highest ``priority`` first.
+
+        Records in terminal states, records under a live lease (anyone's) and
+        records of ``exclude_hosts`` are skipped; with ``fetched_before``,
+        so are records fetched at or after that time (one fetch per run).
+        """
+
+    @abstractmethod
+    def make_due(self, site: str, fingerprints: Iterable[int], now: float, min_age: float) -> None:
+        """Bring these records forward to ``now`` unless fetched within
+        ``min_age`` (entry URLs at the start of a run)."""
 
     @abstractmethod
     def renew(self, site: str, owner: str, fingerprints: Iterable[int], until: float) -> None:
@@ -96,12 +105,24 @@ class Frontier(ABC):
         """Drop the owner's claims (all of them when ``fingerprints`` is None)."""
 
     @abstractmethod
-    def next_due(self, site: str, now: float, lane: Lane = ALL) -> float | None:
-        """The earliest time a record of this lane becomes claimable, or None."""
+    def save_priorities(self, site: str, records: Sequence[URLRecord]) -> None:
+        """Write only ``priority`` and ``extra`` of these records (policies that
+        credit outlinks must not overwrite what another process fetched)."""
+
+    @abstractmethod
+    def next_due(self, site: str, now: float, lane: Lane = ALL,
+                 fetched_before: float | None = None) -> float | None:
+        """The earliest time a record of this lane becomes claimable (its due
+        time, or the end of a lease on it), or None when there is none;
+        with ``fetched_before``, records fetched since then do not count."""
 
     @abstractmethod
     def iter_records(self, site: str | None = None) -> Iterator[URLRecord]:
         """Every record (of one site), in no particular order."""
+
+    @abstractmethod
+    def fingerprints(self, site: str) -> Iterator[int]:
+        """Every fingerprint of a site (to rebuild the seen-test filter)."""
 
     @abstractmethod
     def count(self, site: str | None = None) -> int: ...

@@ -97,6 +97,9 @@ class PriorityPolicy(ABC):
     """
 
     name: str = ""
+    #: True when ``on_fetched`` uses the outlinks' records (OPIC credit): the
+    #: caller then loads them, which costs a store read per page.
+    wants_outlinks: bool = False
 
     def __init__(self, **params: Any) -> None:
         if params:

@@ -1,0 +1,175 @@
+"""The ``vertical`` spider: config-driven extraction and link following.
+
+``scrapy crawl vertical -a site=NAME [-a lane=fast|slow] [-a mode=continuous]
+[-a pages=N] [-a seconds=S]``
+
+The spider holds no crawl state: the scheduler hands it URL records from the
+frontier (``response.meta["vertical.record"]``), the spider extracts the
+page's document records and links, compares the records with those stored
+from the last fetch, and hands the outcome to the frontier pipeline, which
+adapts the refetch delay and commits the record once the page's items have
+reached the exporters.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request, Spider
+from scrapy.http import Response, TextResponse
+from twisted.python.failure import Failure
+
+from pipelines.frontier import FrontierPipeline, PageOutcome
+from vertical.changes import diff_page
+from vertical.config import ConfigError, load_site
+from vertical.extract import extract_links, extract_records, match_rule
+from vertical.items import DocumentItem
+from vertical.record import URLRecord
+from vertical.scheduler import META_LEVEL, META_PARENT, META_RECORD, META_SEED
+from vertical.urls import canonicalize
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from typing_extensions import Self
+
+    from vertical.config import SiteConfig
+
+logger = logging.getLogger(__name__)
+
+GONE_STATUSES = (404, 410)
+
+
+def apply_site_settings(site: SiteConfig, settings: Any) -> None:
+    """Politeness from the site config, as Scrapy settings (one crawl is one
+    site, so the site's values are the download slots' defaults)."""
+    pol = site.politeness
+    settings.set("DOWNLOAD_DELAY", pol.delay, priority="spider")
+    settings.set("CONCURRENT_REQUESTS_PER_DOMAIN", pol.concurrency, priority="spider")
+    settings.set("ROBOTSTXT_OBEY", pol.robots, priority="spider")
+    if pol.user_agent:
+        settings.set("USER_AGENT", pol.user_agent, priority="spider")
+
+
+class VerticalSpider(Spider):
+    name = "vertical"
+    # The frontier needs to see these: 304 is "unchanged", 404/410 "gone".
+    handle_httpstatus_list = [304, *GONE_STATUSES]
+
+    def __init__(self, site: str | None = None, lane: str | None = None, mode: str | None = None,
+                 pages: int | str = 0, seconds: float | str = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not site:
+            raise ConfigError("<command line>", "site", "missing: run with -a site=NAME or -a site=path/to/site.yaml")
+        if lane not in (None, "", "fast", "slow"):
+            raise ConfigError("<command line>", "lane", f"{lane!r} is not fast or slow")
+        if mode not in (None, "", "once", "continuous"):
+            raise ConfigError("<command line>", "mode", f"{mode!r} is not once or continuous")
+        self.site_spec = site
+        self.lane = lane or None
+        self.mode = mode or "once"
+        self.pages = int(pages or 0)
+        self.seconds = float(seconds or 0)
+        self.site: SiteConfig
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        # Validate before anything is scheduled: a bad config stops the run here.
+        spider.site = load_site(spider.site_spec, crawler.settings.get("VERTICAL_SITES"))
+        spider.allowed_domains = list(spider.site.allowed_domains)
+        apply_site_settings(spider.site, crawler.settings)
+        return spider
+
+    @property
+    def frontier_pipeline(self) -> FrontierPipeline:
+        pipeline = self.crawler.get_item_pipeline(FrontierPipeline)
+        if pipeline is None:
+            raise RuntimeError("pipelines.frontier.FrontierPipeline must be in ITEM_PIPELINES")
+        return pipeline
+
+    async def start(self) -> AsyncIterator[Any]:
+        for url in self.site.start_urls:
+            yield Request(canonicalize(url, self.site.traps.strip_params),
+                          meta={META_LEVEL: 0, META_SEED: True})
+
+    def request_for(self, record: URLRecord) -> Request:
+        """The request that fetches a frontier record (called by the scheduler)."""
+        return Request(record.url, callback=self.parse, errback=self.on_error,
+                       meta={META_RECORD: record}, dont_filter=True)
+
+    # -- callbacks ----------------------------------------------------------------
+
+    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+        record: URLRecord = response.meta[META_RECORD]
+        fetched_at = datetime.now(UTC).isoformat(timespec="seconds")
+        if response.status == 304:
+            yield from self._finish(record, PageOutcome(response, not_modified=True))
+            return
+        if response.status in GONE_STATUSES:
+            items = [self._item(record, key, doc, fetched_at, "gone") for key, doc in record.docs.items()]
+            yield from self._finish(record, PageOutcome(response, gone=True), items)
+            return
+        if not isinstance(response, TextResponse):
+            # Not text: the trap guard middleware normally drops these first.
+            yield from self._finish(record, PageOutcome(response, checksum=0))
+            return
+
+        links = self._links(response, record)
+        rule = match_rule(self.site, response.url) or match_rule(self.site, record.url)
+        if rule is None:
+            # A hub or listing page: it "changes" when its links change, so that
+            # pages announcing new documents are refetched more often.
+            checksum = zlib.crc32("\n".join(sorted(r.url for r in links)).encode()) or 1
+            yield from links
+            yield from self._finish(record, PageOutcome(response, checksum=checksum, links=links))
+            return
+
+        result = extract_records(rule, response, record.url)
+        if result.skipped:
+            self.crawler.stats.inc_value("vertical/extract/skipped", len(result.skipped))
+        diff = diff_page(record.docs, result.records)
+        items = [self._item(record, k, diff.docs[k], fetched_at, "new") for k in diff.new]
+        items += [self._item(record, k, diff.docs[k], fetched_at, "changed") for k in diff.changed]
+        items += [self._item(record, k, doc, fetched_at, "gone") for k, doc in diff.gone.items()]
+        yield from links
+        yield from self._finish(record, PageOutcome(response, checksum=diff.checksum, diff=diff, links=links),
+                                items)
+
+    def on_error(self, failure: Failure) -> None:
+        """Network errors and 5xx after Scrapy's retries: rescheduled, never gone."""
+        request = failure.request  # type: ignore[attr-defined]
+        record: URLRecord | None = request.meta.get(META_RECORD)
+        if record is not None:
+            self.frontier_pipeline.page_failed(record, failure)
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _links(self, response: TextResponse, record: URLRecord) -> list[Request]:
+        max_depth = self.site.follow.max_depth
+        level = record.level + 1
+        if max_depth is not None and level > max_depth:
+            return []
+        strip = self.site.traps.strip_params
+        requests = []
+        for link in extract_links(self.site, response):
+            try:
+                url = canonicalize(link.url, strip)
+            except ValueError:
+                continue
+            requests.append(Request(url, meta={META_LEVEL: level, META_PARENT: record}))
+        return requests
+
+    def _item(self, record: URLRecord, key: str, doc: dict[str, Any], fetched_at: str, status: str) -> DocumentItem:
+        return DocumentItem(site=self.site.name, document=doc["document"], url=record.url, key=key,
+                            fields=doc.get("fields", {}), checksum=doc.get("checksum", 0),
+                            fetched_at=fetched_at, status=status)
+
+    def _finish(self, record: URLRecord, outcome: PageOutcome, items: list[DocumentItem] | None = None
+                ) -> Iterator[DocumentItem]:
+        items = items or []
+        self.frontier_pipeline.page_fetched(record, outcome, items)
+        yield from items
