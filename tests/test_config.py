@@ -122,9 +122,11 @@ def test_refetch_defaults_give_way():
     assert (site.refetch.min, site.refetch.initial, site.refetch.max) == (600.0, 600.0, 600.0)
 
 
-def test_schedule_params_are_kept():
-    site = parse_site({"start_urls": ["http://a.example/"], "priority": {"policy": "uniform"}})
-    assert site.priority.policy == "uniform"
+def test_ipv6_hosts():
+    site = parse_site({"start_urls": ["http://[::1]:8000/"]})
+    assert site.allowed_domains == ("::1",)
+    site = parse_site({"start_urls": ["http://[::1]:8000/"], "allowed_domains": ["[::1]"]})
+    assert site.allowed_domains == ("::1",)
 
 
 def test_each_field_relative_paths_accepted():
@@ -337,6 +339,8 @@ def doc(**overrides):
         ({**START, "refetch": {"factor": "2"}}, "refetch.factor", "must be a number, not a string"),
         ({**START, "refetch": {"schedule": "fastest"}}, "refetch.schedule", "unknown schedule 'fastest'"),
         ({**START, "refetch": ["1d"]}, "refetch", "must be a mapping"),
+        ({**START, "refetch": {"intial": "1d"}}, "refetch.intial", "did you mean 'initial'?"),
+        ({**START, "priority": {"polcy": "level"}}, "priority.polcy", "did you mean 'policy'?"),
         ({**START, "priority": {"policy": "random"}}, "priority.policy", "unknown policy 'random'"),
         ({**START, "politeness": {"concurrency": 0}}, "politeness.concurrency", "at least 1"),
         ({**START, "politeness": {"delay": "soon"}}, "politeness.delay", "not a duration"),
@@ -401,3 +405,66 @@ def test_yaml_round_trip_of_the_design_example(tmp_path):
     site = load_site(path)
     assert isinstance(site, SiteConfig)
     assert site.documents[0].each == "//article"
+
+
+# --- policy names and parameters ----------------------------------------------
+
+
+@pytest.fixture
+def fake_policies(monkeypatch):
+    """A stand-in ``vertical.policies`` that records what it was asked to build."""
+    import sys
+    import types
+
+    built = []
+
+    def make(kind, names):
+        def factory(name, **params):
+            if name not in names:
+                raise ValueError(f"unknown {kind} {name!r}")
+            if "bad" in params:
+                raise TypeError(f"unknown parameter(s) for {name!r}: bad")
+            built.append((name, params))
+            return object()
+
+        return factory
+
+    module = types.ModuleType("vertical.policies")
+    module.SCHEDULES = {"adaptive": object, "custom": object}
+    module.PRIORITIES = {"level": object, "opic": object}
+    module.make_schedule = make("schedule", module.SCHEDULES)
+    module.make_priority = make("priority", module.PRIORITIES)
+    monkeypatch.setitem(sys.modules, "vertical.policies", module)
+    return built
+
+
+def test_policies_module_builds_the_policies(fake_policies):
+    site = parse_site(
+        {
+            "start_urls": ["http://a.example/"],
+            "refetch": {"schedule": "custom", "min": "1m", "rate": 0.5},
+            "priority": {"policy": "opic", "tax": 0.1},
+        }
+    )
+    assert site.refetch.params == {"rate": 0.5}
+    assert site.priority == PriorityConfig("opic", {"tax": 0.1})
+    assert fake_policies == [
+        ("custom", {"initial": 86400.0, "min_delay": 60.0, "max_delay": 30 * 86400.0, "factor": 2.0, "rate": 0.5}),
+        ("opic", {"tax": 0.1}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "problem"),
+    [
+        ({"refetch": {"schedule": "nutch"}}, "refetch.schedule", "unknown schedule 'nutch' (known: adaptive, custom)"),
+        ({"refetch": {"schedule": "adaptve"}}, "refetch.schedule", "did you mean 'adaptive'?"),
+        ({"refetch": {"bad": 1}}, "refetch.schedule", "unknown parameter(s) for 'adaptive': bad"),
+        ({"priority": {"policy": "scent"}}, "priority.policy", "unknown policy 'scent'"),
+        ({"priority": {"bad": 1}}, "priority.policy", "unknown parameter(s) for 'level': bad"),
+    ],
+)
+def test_policies_module_errors(fake_policies, data, key, problem):
+    with pytest.raises(ConfigError) as info:
+        parse_site({**START, **data}, file="s.yaml")
+    assert (info.value.key, problem in info.value.problem) == (key, True), info.value.problem

@@ -517,9 +517,10 @@ class _SiteParser:
         return urls
 
     def domains(self, value: Any, start_urls: tuple[str, ...]) -> tuple[str, ...]:
-        domains = tuple(d.lower().rstrip(".") for d in self.strings(value, "allowed_domains"))
+        # Bracketed IPv6 literals compare as urlsplit() gives hostnames: bare.
+        domains = tuple(d.lower().rstrip(".").strip("[]") for d in self.strings(value, "allowed_domains"))
         for i, domain in enumerate(domains):
-            if not re.fullmatch(r"[a-z0-9_.-]+|\[[0-9a-f:.]+\]", domain):
+            if not re.fullmatch(r"[a-z0-9_.-]+|[0-9a-f:.]+", domain):
                 self.fail(f"allowed_domains[{i}]", f"{domain!r} must be a host name, without scheme, port or path")
         if not domains:
             # Staying on the start URLs' hosts is what a site config means.
@@ -655,6 +656,11 @@ class _SiteParser:
         """Ask :mod:`vertical.policies` whether it can build this policy;
         fall back to the known names while that module is not there."""
         path = f"{section}.{key}"
+        # Policies take free parameters, so a misspelt common key would
+        # otherwise pass silently as one.
+        for param in params:
+            if difflib.get_close_matches(param, known, n=1, cutoff=0.75):
+                self.unknown(section, param, known)
         try:
             policies = importlib.import_module("vertical.policies")
         except ImportError:
@@ -673,10 +679,6 @@ class _SiteParser:
         try:
             make(name, **base, **params)
         except (ValueError, TypeError) as exc:
-            # A parameter the policy rejects is most likely a misspelt common key.
-            for param in params:
-                if difflib.get_close_matches(param, known, n=1, cutoff=0.75):
-                    self.unknown(section, param, known)
             self.fail(path, str(exc))
 
     def politeness(self, data: dict[str, Any]) -> PolitenessConfig:
