@@ -282,7 +282,7 @@ def doc(**overrides):
         ({**START, "follow": ["/a/"]}, "follow", "must be a mapping, not a list"),
         ({**START, "follow": {"allow": ["/a/", "(b"]}}, "follow.allow[1]", "invalid regex '(b'"),
         ({**START, "follow": {"deny": "[z"}}, "follow.deny", "invalid regex"),
-        ({**START, "follow": {"restrict_xpaths": "//main["}}, "follow.restrict_xpaths[0]", "invalid XPath"),
+        ({**START, "follow": {"restrict_xpaths": "//main["}}, "follow.restrict_xpaths", "invalid XPath"),
         ({**START, "follow": {"restrict_css": ["div >> p"]}}, "follow.restrict_css[0]", "invalid CSS selector"),
         ({**START, "follow": {"max_depth": -1}}, "follow.max_depth", "at least 0"),
         ({**START, "follow": {"max_depth": "8"}}, "follow.max_depth", "must be an integer, not a string"),

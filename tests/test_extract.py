@@ -158,6 +158,7 @@ def test_missing_optional_fields():
         ({"regex": r'data-id="(\d+)"', "many": True}, '<div data-id="17"></div><div data-id="18"></div>', ["17", "18"]),
         ({"regex": r"<title>(.*?)</title>"}, "<title>Tom &amp; Jerry</title>", "Tom & Jerry"),
         ({"regex": r"(x)?y"}, "<p>y</p>", None),  # an optional group that did not match gives no value
+        ({"xpath": "//p/text()", "regex": r"=(.*?);"}, "<p>a= ; b=2;</p>", "2"),  # blank matches are skipped
     ],
 )
 def test_field_kinds(spec, html, value):

@@ -17,7 +17,7 @@ import importlib
 import importlib.resources
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -267,8 +267,11 @@ def load_site(spec: str | os.PathLike[str], sites_dir: str | os.PathLike[str] | 
             looked.append(str(path))
             if path.is_file():
                 return _load_text(path.read_text(encoding="utf-8"), str(path), default_name=name)
-    package = importlib.resources.files("sites")
-    for suffix in (".yaml", ".yml"):
+    try:
+        package = importlib.resources.files("sites")
+    except ModuleNotFoundError:  # installed without the bundled configs
+        package = None
+    for suffix in (".yaml", ".yml") if package is not None else ():
         resource = package / (name + suffix)
         looked.append(str(resource))
         if resource.is_file():
@@ -410,6 +413,13 @@ class _SiteParser:
             self.fail(path, f"must be a string or a list of strings, not {_type_name(value)}")
         return tuple(self.string(item, _join(path, i)) for i, item in enumerate(value))
 
+    def checked_strings(self, value: Any, path: str, check: Callable[[Any, str], Any]) -> tuple[str, ...]:
+        """:meth:`strings`, each also passed to *check* (a regex, XPath or CSS reader)."""
+        items = self.strings(value, path)
+        for i, item in enumerate(items):
+            check(item, _join(path, i) if isinstance(value, list) else path)
+        return items
+
     def boolean(self, value: Any, path: str) -> bool:
         if not isinstance(value, bool):
             self.fail(path, f"must be true or false, not {_type_name(value)}")
@@ -532,23 +542,11 @@ class _SiteParser:
 
     def follow(self, data: dict[str, Any]) -> FollowRules:
         section = self.section(data, "follow", ("allow", "deny", "restrict_xpaths", "restrict_css", "max_depth"))
-        patterns = {}
-        for key in ("allow", "deny"):
-            values = self.strings(section.get(key), f"follow.{key}")
-            for i, source in enumerate(values):
-                self.regex(source, f"follow.{key}[{i}]" if isinstance(section.get(key), list) else f"follow.{key}")
-            patterns[key] = values
-        xpaths = self.strings(section.get("restrict_xpaths"), "follow.restrict_xpaths")
-        for i, source in enumerate(xpaths):
-            self.xpath(source, f"follow.restrict_xpaths[{i}]")
-        css = self.strings(section.get("restrict_css"), "follow.restrict_css")
-        for i, source in enumerate(css):
-            self.css(source, f"follow.restrict_css[{i}]")
         return FollowRules(
-            allow=patterns["allow"],
-            deny=patterns["deny"],
-            restrict_xpaths=xpaths,
-            restrict_css=css,
+            allow=self.checked_strings(section.get("allow"), "follow.allow", self.regex),
+            deny=self.checked_strings(section.get("deny"), "follow.deny", self.regex),
+            restrict_xpaths=self.checked_strings(section.get("restrict_xpaths"), "follow.restrict_xpaths", self.xpath),
+            restrict_css=self.checked_strings(section.get("restrict_css"), "follow.restrict_css", self.css),
             max_depth=self.read(section, "follow", "max_depth", self.integer, None),
         )
 
@@ -582,10 +580,11 @@ class _SiteParser:
             if fields[key].many and fields[key].join is None:
                 self.fail(_join(path, "key"), f"field {key!r} has 'many: true'; a key must be one value (or use 'join')")
 
-        required = self.strings(doc.get("required"), _join(path, "required"))
-        for i, fname in enumerate(required):
+        def known_field(fname: str, fpath: str) -> None:
             if fname not in fields:
-                self.fail(f"{path}.required[{i}]", f"{fname!r} is not one of the fields ({', '.join(fields)})")
+                self.fail(fpath, f"{fname!r} is not one of the fields ({', '.join(fields)})")
+
+        required = self.checked_strings(doc.get("required"), _join(path, "required"), known_field)
         return DocumentRule(name=name, match=match, each=each, key=key, fields=fields, required=required)
 
     def field_spec(self, name: str, value: Any, path: str, *, relative: bool) -> FieldSpec:

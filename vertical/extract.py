@@ -175,7 +175,6 @@ def extract_field(spec: FieldSpec, context: Selector, source: Callable[[], str])
     """One field's value in *context*: a list with ``many``, a string with
     ``join``, else the first value or None. *source* gives the HTML that a
     ``regex`` without ``xpath``/``css`` searches (called only then)."""
-    every = spec.many or spec.join is not None
     if spec.xpath is not None:
         texts = [_text(node) for node in context.xpath(spec.xpath)]
     elif spec.css is not None:
@@ -187,9 +186,9 @@ def extract_field(spec: FieldSpec, context: Selector, source: Callable[[], str])
         values = texts or []
     elif texts is None:
         # Matches in HTML source are data like any other value: decode every entity.
-        values = [replace_entities(v) for v in _search(spec, [source()], every)]
+        values = [replace_entities(v) for v in _search(spec, [source()])]
     else:
-        values = _search(spec, texts, every)
+        values = _search(spec, texts)
 
     if spec.strip:
         values = [v for v in (" ".join(v.split()) for v in values) if v]
@@ -200,9 +199,8 @@ def extract_field(spec: FieldSpec, context: Selector, source: Callable[[], str])
     return values[0] if values else None
 
 
-def _search(spec: FieldSpec, texts: list[str], every: bool) -> list[str]:
-    """The first group (or whole match) of each match of ``spec.regex``:
-    all matches with *every*, else the first one."""
+def _search(spec: FieldSpec, texts: list[str]) -> list[str]:
+    """The first group (or whole match) of every match of ``spec.regex``."""
     regex = spec.regex
     assert regex is not None
     found: list[str] = []
@@ -212,8 +210,6 @@ def _search(spec: FieldSpec, texts: list[str], every: bool) -> list[str]:
             if value is None:  # an optional group that did not take part
                 continue
             found.append(value)
-            if not every:
-                return found
     return found
 
 
