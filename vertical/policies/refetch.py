@@ -1,0 +1,243 @@
+"""Refetch schedules: when is a page due again?
+
+* :class:`FixedSchedule` (``fixed``): always the initial delay (Nutch's
+  DefaultFetchSchedule); with a zero delay every page is always due and the
+  priority policy alone decides (round robin, S.C.E.N.T.).
+* :class:`AdaptiveSchedule` (``adaptive``): seed 001's rule, divide the delay
+  by K when the page changed, multiply it by K when it did not.
+* :class:`NutchSchedule` (``nutch``): Apache Nutch's AdaptiveFetchSchedule.
+* :class:`OptimalSchedule` (``optimal``): estimate each page's change rate
+  from its visits and refetch it at the interval that maximises expected
+  freshness for the crawl's budget (Cho and Garcia-Molina).
+
+All are pure Python: the crawler's scheduler and the simulator run them on the
+same :class:`~vertical.record.URLRecord` objects. Times are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from vertical.policies.base import FetchSchedule
+from vertical.policies.estimate import cho_irregular, counts, observe
+from vertical.policies.oracle import marginal_gain, optimal_frequency, solve_mu
+from vertical.record import URLRecord
+
+__all__ = ["AdaptiveSchedule", "FixedSchedule", "NutchSchedule", "OptimalSchedule"]
+
+DAY = 86400.0
+
+
+class FixedSchedule(FetchSchedule):
+    """Refetch every ``initial`` seconds whatever happened."""
+
+    name = "fixed"
+
+    def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
+        return self.initial
+
+
+class AdaptiveSchedule(FetchSchedule):
+    """Seed 001: ``delay / factor`` after a change, ``delay * factor`` after
+    an unchanged visit, clamped to ``[min_delay, max_delay]``; the first
+    fetch keeps the initial delay (there is nothing to compare with)."""
+
+    name = "adaptive"
+
+    def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
+        if first:
+            return self.initial
+        delay = record.refetch_delay or self.initial
+        return delay / self.factor if changed else delay * self.factor
+
+
+class NutchSchedule(FetchSchedule):
+    """Apache Nutch's ``AdaptiveFetchSchedule``.
+
+    The interval shrinks by ``dec_rate`` after a change and grows by
+    ``inc_rate`` after an unchanged visit (``db.fetch.schedule.adaptive.*``;
+    the defaults are those of ``nutch-default.xml``). With ``sync_delta`` the
+    interval is at least the time since the last change seen (``delta``), and
+    the next fetch is pulled ``delta * sync_delta_rate`` earlier to line up
+    with the page's own rhythm. The time of the last change seen is kept in
+    ``record.extra['mod']`` (Nutch's ``modifiedTime``; without Last-Modified
+    it is the fetch that saw the change).
+    """
+
+    name = "nutch"
+
+    def __init__(
+        self,
+        initial: float,
+        min_delay: float,
+        max_delay: float,
+        factor: float = 2.0,
+        *,
+        inc_rate: float = 0.4,
+        dec_rate: float = 0.2,
+        sync_delta: bool = True,
+        sync_delta_rate: float = 0.3,
+        **params: Any,
+    ) -> None:
+        super().__init__(initial, min_delay, max_delay, factor, **params)
+        if not (0 <= inc_rate and 0 <= dec_rate < 1 and 0 <= sync_delta_rate < 1):
+            raise ValueError("nutch: need inc_rate >= 0, 0 <= dec_rate < 1 and 0 <= sync_delta_rate < 1")
+        self.inc_rate = float(inc_rate)
+        self.dec_rate = float(dec_rate)
+        self.sync_delta = bool(sync_delta)
+        self.sync_delta_rate = float(sync_delta_rate)
+
+    def _delta(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
+        if changed or first:
+            return 0.0
+        return max(0.0, now - record.extra.get("mod", now))
+
+    def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
+        if first:
+            return self.initial
+        interval = record.refetch_delay or self.initial
+        interval *= (1.0 - self.dec_rate) if changed else (1.0 + self.inc_rate)
+        if self.sync_delta:
+            interval = max(interval, self._delta(record, now, changed, first))
+        return interval
+
+    def set_fetched(self, record: URLRecord, now: float, changed: bool) -> None:
+        first = record.visits == 0
+        delta = self._delta(record, now, changed, first)
+        super().set_fetched(record, now, changed)
+        if changed or first:
+            record.extra["mod"] = now
+        if self.sync_delta and delta:
+            # Never before the minimum delay: Nutch would allow "in the past".
+            record.next_fetch = max(now + self.min_delay, record.next_fetch - delta * self.sync_delta_rate)
+
+
+class OptimalSchedule(FetchSchedule):
+    """Refetch each page at the interval that maximises the crawl's expected
+    freshness for its budget, from change rates learned online.
+
+    * The rate of a page is estimated with :func:`~vertical.policies.estimate.cho_irregular`
+      from the counts its visits leave in ``record.extra`` (four numbers),
+      plus ``prior_weight`` pseudo-visits at the initial delay that say "a new
+      page changes about once per ``initial``" and fade as real visits come.
+    * The interval is ``1 / f`` with ``f`` from Cho and Garcia-Molina's
+      optimal allocation (:func:`~vertical.policies.oracle.optimal_frequency`):
+      ``(1/rate) (1 - (1 + r) e^-r) = mu``, ``r = rate / f``; pages changing
+      faster than ``1 / mu`` are not worth chasing and wait ``max_delay``.
+    * ``mu`` (seconds) is the price of a fetch. :meth:`set_budget` fits it to
+      a budget; until then it is set so that a page changing once per
+      ``initial`` is refetched once per ``initial``.
+    * Pages at ``level <= hub_level`` (the entry pages: home page and lists,
+      which announce new pages) are refetched about once per expected change
+      instead, whatever the budget: a change missed there is a new page not
+      found, not just a stale copy. ``hub_level=-1`` turns this off.
+    """
+
+    name = "optimal"
+
+    def __init__(
+        self,
+        initial: float,
+        min_delay: float,
+        max_delay: float,
+        factor: float = 2.0,
+        *,
+        prior_weight: float = 1.0,
+        hub_level: int = 0,
+        mu: float | None = None,
+        **params: Any,
+    ) -> None:
+        super().__init__(initial, min_delay, max_delay, factor, **params)
+        if prior_weight < 0:
+            raise ValueError("optimal: prior_weight must not be negative")
+        base = self.clamp(self.initial) or self.max_delay or DAY
+        self.prior_interval = base
+        # Pseudo-visits at the initial delay, split as a page of rate 1/initial would.
+        w = float(prior_weight)
+        self._prior = (w * -math.expm1(-1.0), w * math.exp(-1.0))
+        self.prior_weight = w
+        self.hub_level = int(hub_level)
+        self.mu = float(mu) if mu is not None else base * marginal_gain(1.0)
+
+    # -- estimation -----------------------------------------------------------
+
+    def rate(self, record: URLRecord) -> float:
+        """The estimated change rate of ``record`` (changes per second)."""
+        changed, unchanged, t_changed, t_unchanged = counts(record.extra)
+        c0, u0 = self._prior
+        i0 = self.prior_interval
+        return cho_irregular(changed + c0, unchanged + u0, t_changed + c0 * i0, t_unchanged + u0 * i0)
+
+    def delay_for_rate(self, rate: float) -> float:
+        """The optimal refetch delay (clamped) for a page of this rate."""
+        f = optimal_frequency(rate, self.mu)
+        return self.clamp(1.0 / f if f > 0 else math.inf)
+
+    # -- budget ---------------------------------------------------------------
+
+    def set_budget(self, fetches_per_day: float, pages: int, rates: Iterable[float] | None = None) -> None:
+        """Fit ``mu`` so that ``pages`` pages with these estimated ``rates``
+        (per second, e.g. from :meth:`rate`; pages without one count at the
+        prior) would be refetched ``fetches_per_day`` times a day in total.
+
+        Rates are grouped into bins of 1/20 of a decade, so this costs one
+        pass over them whatever their number. Announcing pages (see
+        ``hub_level``) are outside this budget: leave them out of ``rates``
+        and out of ``fetches_per_day``.
+        """
+        if fetches_per_day < 0 or pages < 0:
+            raise ValueError("optimal: the budget and the number of pages must not be negative")
+        bins: dict[int, int] = {}
+        zero = 0
+        seen = 0
+        for r in rates or ():
+            seen += 1
+            if r <= 0:
+                zero += 1
+            else:
+                k = round(20.0 * math.log10(r))
+                bins[k] = bins.get(k, 0) + 1
+        prior = self.rate_prior()
+        rest = max(0, pages - seen)
+        groups = [(10.0 ** (k / 20.0), float(n)) for k, n in bins.items()]
+        if rest:
+            groups.append((prior, float(rest)))
+        if zero:
+            groups.append((0.0, float(zero)))
+        if not groups:
+            return
+        f_max = 1.0 / self.min_delay if self.min_delay > 0 else math.inf
+        f_min = 1.0 / self.max_delay if self.max_delay > 0 else 0.0
+        self.mu = solve_mu(
+            [g[0] for g in groups],
+            fetches_per_day / DAY,
+            counts=[g[1] for g in groups],
+            f_min=f_min,
+            f_max=f_max,
+        )
+
+    def rate_prior(self) -> float:
+        """The rate assumed for a page never visited twice (per second)."""
+        c0, u0 = self._prior
+        if c0 <= 0:
+            return 0.0
+        return cho_irregular(c0, u0, c0 * self.prior_interval, u0 * self.prior_interval)
+
+    # -- schedule -------------------------------------------------------------
+
+    def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
+        if not first:
+            observe(record.extra, changed, now - record.fetch_time)
+        rate = self.rate(record)
+        if record.level <= self.hub_level:
+            return 1.0 / rate if rate > 0 else self.max_delay
+        return self.delay_for_rate(rate)
+
+    def state(self) -> dict[str, Any]:
+        return {"mu": self.mu}
+
+    def load_state(self, state: Any) -> None:
+        if state and "mu" in state:
+            self.mu = float(state["mu"])

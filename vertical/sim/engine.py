@@ -1,0 +1,288 @@
+"""The simulator's selection loop, a mirror of the crawler's scheduler.
+
+Every tick (one scheduler batch) the records whose ``next_fetch <= now``
+become eligible, and eligible records are fetched in the priority policy's
+order (largest ``record.priority`` first) until the tick's budget is spent.
+A fetch tells the policies what a crawler would learn: whether the page
+changed since the last visit and, on a hub, the links it lists now. The
+policies are the crawler's own classes, called as the scheduler calls them:
+``FetchSchedule.set_discovered`` / ``PriorityPolicy.on_discovered`` for a new
+URL, ``FetchSchedule.set_fetched`` then ``PriorityPolicy.on_fetched`` after a
+fetch; a schedule with ``set_budget`` is told the budget once a simulated day.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from typing import Any
+
+import numpy as np
+
+from vertical.policies import make_priority, make_schedule
+from vertical.policies.base import FetchSchedule, PriorityPolicy
+from vertical.policies.oracle import OracleSchedule, solve_mu
+from vertical.record import URLRecord
+from vertical.sim.scenario import Scenario
+from vertical.sim.site import Site
+
+__all__ = ["FetchLog", "PolicySpec", "policy_specs", "simulate"]
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One simulated policy: a schedule and a priority policy by name.
+
+    ``oracle`` is ``"freshness"`` or ``"q"`` for the benchmarks that know the
+    true rates (and learn of new pages when they are created).
+    """
+
+    label: str
+    schedule: str
+    priority: str
+    schedule_params: dict[str, Any] = field(default_factory=dict)
+    priority_params: dict[str, Any] = field(default_factory=dict)
+    oracle: str | None = None
+    #: What the table shows next to the label (e.g. the DeltaS of a sweep).
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def policy_specs(scn: Scenario) -> list[PolicySpec]:
+    """The scenario's policies as (schedule, priority) pairs.
+
+    ``uniform`` and ``scent`` keep every page always due (a zero fixed delay)
+    so the priority alone decides; ``level`` is seed 000's slow lane (a page
+    is due a day after its last fetch; lowest level, then oldest, first);
+    ``adaptive``, ``nutch`` and ``optimal`` take due pages oldest first;
+    ``SCHEDULE+PRIORITY`` pairs any two registered policies.
+    """
+    always = {"initial": 0.0, "min_delay": 0.0}
+    specs: list[PolicySpec] = []
+    for name in scn.policies:
+        if name == "uniform":
+            specs.append(PolicySpec("uniform", "fixed", "uniform", dict(always)))
+        elif name == "adaptive":
+            specs.append(PolicySpec("adaptive", "adaptive", "uniform", {"factor": 2.0}))
+        elif name == "nutch":
+            specs.append(PolicySpec("nutch", "nutch", "uniform"))
+        elif name == "scent":
+            for ds in scn.scent_delta_s:
+                specs.append(
+                    PolicySpec("scent", "fixed", "scent", dict(always), {"delta_s": ds}, params={"delta_s": ds})
+                )
+        elif name == "level":
+            specs.append(PolicySpec("level", "fixed", "level", {"initial": DAY, "min_delay": 0.0}))
+        elif name == "optimal":
+            specs.append(PolicySpec("optimal", "optimal", "uniform"))
+        elif name == "oracle":
+            specs.append(PolicySpec("oracle", "oracle", "uniform", oracle="freshness"))
+            specs.append(PolicySpec("oracle_q", "oracle", "uniform", oracle="q"))
+        else:  # SCHEDULE+PRIORITY, with the policies' own defaults
+            schedule, _, priority = name.partition("+")
+            specs.append(PolicySpec(name, schedule, priority))
+    return specs
+
+
+@dataclass
+class FetchLog:
+    """Every fetch of a run in order: page index and time (days)."""
+
+    pages: np.ndarray
+    times: np.ndarray
+    seconds: float = 0.0  # wall-clock time of the run
+
+
+def _fetch_cost(site: Site, scn: Scenario) -> np.ndarray | None:
+    if scn.budget_kind != "seconds_per_day":
+        return None
+    return scn.cost_a * site.size + scn.cost_b
+
+
+def _refresh_fetches_per_day(site: Site, scn: Scenario, budget: float) -> float:
+    """Fetches a day the oracle may spend on refreshes: the whole budget at
+    the end of the run, less the first fetches of the pages created daily."""
+    docs = site.n - site.n_hubs
+    cost = _fetch_cost(site, scn)
+    if cost is None:
+        per_day = budget * docs
+    else:
+        per_day = budget / float(np.mean(cost[site.n_hubs :]))
+    return max(per_day - scn.new_pages_per_day, 0.0)
+
+
+def _build(spec: PolicySpec, site: Site, scn: Scenario, budget: float) -> tuple[FetchSchedule, PriorityPolicy]:
+    ref = scn.refetch
+    base = {"initial": ref["initial"], "min_delay": ref["min"], "max_delay": ref["max"], "factor": ref["factor"]}
+    priority = make_priority(spec.priority, **spec.priority_params)
+    if spec.oracle is None:
+        return make_schedule(spec.schedule, **{**base, **spec.schedule_params}), priority
+    rates = (site.rate / DAY).tolist()
+    weights = np.log1p(site.size).tolist() if spec.oracle == "q" else None
+    docs = slice(site.n_hubs, site.n)
+    mu = solve_mu(
+        rates[docs],
+        _refresh_fetches_per_day(site, scn, budget) / DAY,
+        weights=None if weights is None else weights[docs],
+        f_min=1.0 / ref["max"],
+        f_max=1.0 / ref["min"] if ref["min"] > 0 else math.inf,
+    )
+    return OracleSchedule(**base, rates=rates, weights=weights, mu=mu), priority
+
+
+def simulate(
+    site: Site,
+    spec: PolicySpec,
+    budget: float,
+    scn: Scenario,
+    *,
+    progress: Callable[[float], None] | None = None,
+) -> FetchLog:
+    """Run one policy on one site under one budget; return its fetches.
+
+    ``budget`` is in the scenario's unit: fetches per page per day (pages
+    that exist at the time, hubs aside) or seconds per day at a cost of
+    ``a * size + b`` seconds a fetch. Budget left unused in a tick because
+    nothing was due is lost (the crawler idles), fractions carry over.
+    ``progress`` is called with the share of the horizon done.
+    """
+    started = time.perf_counter()
+    schedule, priority = _build(spec, site, scn, budget)
+    oracle = spec.oracle is not None
+    n, n_hubs = site.n, site.n_hubs
+    first_new = site.first_new
+    horizon = site.horizon
+    tick = scn.tick_minutes / 1440.0
+    n_ticks = int(math.ceil(horizon / tick))
+    list_length = site.list_length
+
+    ct = array("d", site.change_times.tobytes())
+    off = site.offsets.tolist()
+    last = off[:-1]  # per page: index of its first change not seen yet
+    level = site.level.tolist()
+    logsize = np.log1p(site.size).tolist()
+    created_new = site.created[first_new:].tolist()
+    hub_pages = [h.tolist() for h in site.hub_pages]
+    hub_times = [array("d", site.created[h].tobytes()) for h in site.hub_pages]
+    cost_arr = _fetch_cost(site, scn)
+    cost = None if cost_arr is None else cost_arr.tolist()
+    by_seconds = cost is not None
+    threshold = 1e-12 if by_seconds else 1.0
+    per_page_tick = budget * tick  # fetches per page per tick, or seconds per tick
+
+    recs: list[URLRecord | None] = [None] * n
+    queued = bytearray(n)
+    theap: list[tuple[float, int]] = []  # (next_fetch, page): waiting to be due
+    pheap: list[tuple[float, int]] = []  # (-priority, page): due, by priority
+    log_pages = array("l")
+    log_times = array("d")
+    set_fetched, on_fetched = schedule.set_fetched, priority.on_fetched
+    learner = getattr(schedule, "set_budget", None)
+    rate_of = getattr(schedule, "rate", None)
+    documents: list[URLRecord] = []  # known non-hub records, for set_budget
+    overhead = 0  # hub fetches and first fetches since the last set_budget
+    last_budget = 0.0
+    mean_cost = float(np.mean(cost_arr[n_hubs:])) if cost_arr is not None else 1.0
+
+    def discover(i: int, parent: URLRecord | None, now_s: float) -> URLRecord:
+        rec = URLRecord(url=f"sim:{i}", fingerprint=i, site="sim", host="sim", level=level[i])
+        schedule.set_discovered(rec, now_s)
+        priority.on_discovered(rec, parent)
+        recs[i] = rec
+        if i >= n_hubs:
+            documents.append(rec)
+        heappush(pheap, (-rec.priority, i))
+        queued[i] = 1
+        return rec
+
+    for i in range(0 if not oracle else n_hubs, first_new):
+        discover(i, None, 0.0)
+    revealed = 0  # oracle: created pages made known so far
+
+    tokens = 0.0
+    next_day = 0.0
+    report_every = max(1, n_ticks // 20)
+    for k in range(n_ticks):
+        now = k * tick
+        now_s = now * DAY
+        if oracle:
+            while revealed < len(created_new) and created_new[revealed] <= now:
+                discover(first_new + revealed, None, now_s)
+                revealed += 1
+        if learner is not None and now >= next_day:
+            # Once a day, as a scheduler would at the start of a run: the
+            # budget less what hubs and first fetches took since last time.
+            if by_seconds:
+                per_day = budget / mean_cost
+            else:
+                per_day = budget * (site.n_initial + bisect_right(created_new, now))
+            if now > last_budget:
+                per_day -= overhead / (now - last_budget)
+            rates = [rate_of(r) for r in documents] if rate_of is not None else None
+            learner(max(per_day, 0.0), len(documents), rates)
+            overhead, last_budget, next_day = 0, now, now + 1.0
+        while theap and theap[0][0] <= now_s:
+            _, i = heappop(theap)
+            heappush(pheap, (-recs[i].priority, i))
+            queued[i] = 1
+        if by_seconds:
+            allowance = per_page_tick
+        else:
+            allowance = per_page_tick * (site.n_initial + bisect_right(created_new, now))
+        tokens += allowance
+        spent = 0.0
+        while pheap and tokens >= threshold:
+            neg, i = heappop(pheap)
+            rec = recs[i]
+            if not queued[i] or -neg != rec.priority:
+                continue  # an entry made stale by a priority change
+            queued[i] = 0
+            t = now + tick * min(spent / allowance, 0.999)
+            t_s = t * DAY
+            lo = last[i]
+            c = bisect_right(ct, t, lo, off[i + 1])
+            last[i] = c
+            first = rec.visits == 0
+            changed = first or c > lo
+            outlinks: list[URLRecord] = []
+            if i < n_hubs:
+                overhead += 1
+                pages = hub_pages[i]
+                j = bisect_right(hub_times[i], t)
+                for p in pages[max(0, j - list_length) : j]:
+                    linked = recs[p]
+                    if linked is None:
+                        linked = discover(p, rec, t_s)
+                    outlinks.append(linked)
+            elif first:
+                overhead += 1
+            set_fetched(rec, t_s, changed)
+            if outlinks:
+                before = [o.priority for o in outlinks]
+                on_fetched(rec, logsize[i] if changed else 0.0, outlinks)
+                for o, b in zip(outlinks, before):
+                    if o.priority != b and queued[o.fingerprint]:
+                        heappush(pheap, (-o.priority, o.fingerprint))
+            else:
+                on_fetched(rec, logsize[i] if changed else 0.0, outlinks)
+            log_pages.append(i)
+            log_times.append(t)
+            heappush(theap, (rec.next_fetch, i))
+            step = cost[i] if by_seconds else 1.0
+            tokens -= step
+            spent += step
+        if not pheap:
+            tokens = min(tokens, 0.0 if by_seconds else 1.0)  # idle capacity is lost
+        if progress is not None and k % report_every == 0:
+            progress(k / n_ticks)
+    return FetchLog(
+        np.array(log_pages, dtype=np.int64),
+        np.frombuffer(log_times, dtype=np.float64).copy(),
+        time.perf_counter() - started,
+    )

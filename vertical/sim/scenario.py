@@ -1,0 +1,236 @@
+"""The simulator's scenario file (YAML), validated into a :class:`Scenario`.
+
+Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
+
+    pages: 10000
+    static_share: 0.4                # pages that never change
+    change_interval: {dist: lognormal, median_days: 7, sigma: 2.0}   # a page's mean time between changes
+    # change_interval: {dist: weibull, shape: 0.8, scale_days: 10}
+    sizes: {dist: pareto, min_bytes: 2000, alpha: 1.5}
+    hubs: {count: 5, list_length: 20, new_pages_per_day: 50}        # 0 new pages: a closed site
+    budget: {fetches_per_page_per_day: [0.05, 0.2, 1.0]}           # or {seconds_per_day: [..], cost: {a: .., b: ..}}
+    horizon_days: 180
+    warmup_days: 30
+    seeds: [1, 2, 3, 4, 5]
+    policies: [uniform, adaptive, nutch, scent, level, optimal, oracle]
+    # any SCHEDULE+PRIORITY pair of vertical.policies also works, e.g. optimal+level
+    # simulator settings
+    refetch: {initial: 1d, min: 1h, max: 30d, factor: 2}   # the simulated site's config
+    scent_delta_s: [1e-5, 1e-4, 1e-3]                     # the DeltaS sweep (per fetch)
+    tick_minutes: 15                                      # one scheduler batch
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vertical.durations import parse_duration
+
+__all__ = ["POLICIES", "Scenario", "ScenarioError", "load_scenario", "parse_scenario"]
+
+#: Policies the simulator knows (``oracle`` also runs its size-weighted twin for Q).
+POLICIES = ("uniform", "adaptive", "nutch", "scent", "level", "optimal", "oracle")
+
+
+class ScenarioError(ValueError):
+    """A bad scenario: the message names the key and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    pages: int
+    static_share: float = 0.4
+    change_interval: Mapping[str, Any] = field(
+        default_factory=lambda: {"dist": "lognormal", "median_days": 7.0, "sigma": 2.0}
+    )
+    sizes: Mapping[str, Any] = field(default_factory=lambda: {"dist": "pareto", "min_bytes": 2000.0, "alpha": 1.5})
+    hubs: int = 5
+    list_length: int = 20
+    new_pages_per_day: float = 50.0
+    budget_kind: str = "fetches_per_page_per_day"  # or "seconds_per_day"
+    budgets: tuple[float, ...] = (0.05, 0.2, 1.0)
+    cost_a: float = 0.0  # seconds per byte
+    cost_b: float = 1.0  # seconds per fetch
+    horizon_days: float = 180.0
+    warmup_days: float = 30.0
+    seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
+    policies: tuple[str, ...] = POLICIES
+    refetch: Mapping[str, float] = field(
+        default_factory=lambda: {"initial": 86400.0, "min": 3600.0, "max": 30 * 86400.0, "factor": 2.0}
+    )
+    scent_delta_s: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+    tick_minutes: float = 15.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The scenario as written back to ``results.json``."""
+        budget: dict[str, Any] = {self.budget_kind: list(self.budgets)}
+        if self.budget_kind == "seconds_per_day":
+            budget["cost"] = {"a": self.cost_a, "b": self.cost_b}
+        return {
+            "pages": self.pages,
+            "static_share": self.static_share,
+            "change_interval": dict(self.change_interval),
+            "sizes": dict(self.sizes),
+            "hubs": {"count": self.hubs, "list_length": self.list_length, "new_pages_per_day": self.new_pages_per_day},
+            "budget": budget,
+            "horizon_days": self.horizon_days,
+            "warmup_days": self.warmup_days,
+            "seeds": list(self.seeds),
+            "policies": list(self.policies),
+            "refetch": dict(self.refetch),
+            "scent_delta_s": list(self.scent_delta_s),
+            "tick_minutes": self.tick_minutes,
+        }
+
+
+_KEYS = {
+    "pages", "static_share", "change_interval", "sizes", "hubs", "budget", "horizon_days", "warmup_days",
+    "seeds", "policies", "refetch", "scent_delta_s", "tick_minutes",
+}
+
+
+def _number(value: Any, key: str, *, low: float | None = None, high: float | None = None) -> float:
+    if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(f"{key}: expected a number, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ScenarioError(f"{key}: {value!r} is outside [{low}, {high}]")
+    return float(value)
+
+
+def _mapping(value: Any, key: str, known: set[str]) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{key}: expected a mapping, got {value!r}")
+    unknown = set(value) - known
+    if unknown:
+        raise ScenarioError(f"{key}: unknown key(s) {', '.join(sorted(map(str, unknown)))} (known: {', '.join(sorted(known))})")
+    return dict(value)
+
+
+def _numbers(value: Any, key: str, *, low: float = 0.0) -> tuple[float, ...]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ScenarioError(f"{key}: needs at least one value")
+    return tuple(_number(v, f"{key}[{i}]", low=low) for i, v in enumerate(values))
+
+
+def _known_policy(name: Any) -> bool:
+    if not isinstance(name, str):
+        return False
+    if name in POLICIES:
+        return True
+    from vertical.policies import PRIORITIES, SCHEDULES
+
+    schedule, plus, priority = name.partition("+")
+    return bool(plus) and schedule in SCHEDULES and priority in PRIORITIES
+
+
+def parse_scenario(data: Mapping[str, Any]) -> Scenario:
+    """Validate a scenario mapping (as read from YAML)."""
+    data = _mapping(data, "scenario", _KEYS)
+    if "pages" not in data:
+        raise ScenarioError("pages: missing")
+    d = Scenario(pages=1)
+    kw: dict[str, Any] = {"pages": int(_number(data["pages"], "pages", low=1))}
+    if "static_share" in data:
+        kw["static_share"] = _number(data["static_share"], "static_share", low=0, high=1)
+    if "change_interval" in data:
+        ci = _mapping(data["change_interval"], "change_interval", {"dist", "median_days", "sigma", "shape", "scale_days"})
+        dist = ci.get("dist")
+        if dist == "lognormal":
+            ci = {"dist": dist, "median_days": _number(ci.get("median_days"), "change_interval.median_days", low=1e-9),
+                  "sigma": _number(ci.get("sigma", 1.0), "change_interval.sigma", low=0)}
+        elif dist == "weibull":
+            ci = {"dist": dist, "shape": _number(ci.get("shape"), "change_interval.shape", low=1e-9),
+                  "scale_days": _number(ci.get("scale_days"), "change_interval.scale_days", low=1e-9)}
+        else:
+            raise ScenarioError(f"change_interval.dist: expected lognormal or weibull, got {dist!r}")
+        kw["change_interval"] = ci
+    if "sizes" in data:
+        s = _mapping(data["sizes"], "sizes", {"dist", "min_bytes", "alpha"})
+        if s.get("dist", "pareto") != "pareto":
+            raise ScenarioError(f"sizes.dist: only pareto is supported, got {s.get('dist')!r}")
+        kw["sizes"] = {"dist": "pareto", "min_bytes": _number(s.get("min_bytes", 2000), "sizes.min_bytes", low=1),
+                       "alpha": _number(s.get("alpha", 1.5), "sizes.alpha", low=1e-9)}
+    if "hubs" in data:
+        h = _mapping(data["hubs"], "hubs", {"count", "list_length", "new_pages_per_day"})
+        kw["hubs"] = int(_number(h.get("count", d.hubs), "hubs.count", low=0))
+        kw["list_length"] = int(_number(h.get("list_length", d.list_length), "hubs.list_length", low=1))
+        kw["new_pages_per_day"] = _number(h.get("new_pages_per_day", d.new_pages_per_day), "hubs.new_pages_per_day", low=0)
+        if kw["new_pages_per_day"] > 0 and kw["hubs"] == 0:
+            raise ScenarioError("hubs.count: new pages need at least one hub to announce them")
+    if "budget" in data:
+        b = _mapping(data["budget"], "budget", {"fetches_per_page_per_day", "seconds_per_day", "cost"})
+        if ("fetches_per_page_per_day" in b) == ("seconds_per_day" in b):
+            raise ScenarioError("budget: give either fetches_per_page_per_day or seconds_per_day")
+        if "fetches_per_page_per_day" in b:
+            if "cost" in b:
+                raise ScenarioError("budget.cost: only with seconds_per_day")
+            kw["budgets"] = _numbers(b["fetches_per_page_per_day"], "budget.fetches_per_page_per_day", low=1e-12)
+        else:
+            kw["budget_kind"] = "seconds_per_day"
+            kw["budgets"] = _numbers(b["seconds_per_day"], "budget.seconds_per_day", low=1e-12)
+            c = _mapping(b.get("cost", {}), "budget.cost", {"a", "b"})
+            kw["cost_a"] = _number(c.get("a", 0.0), "budget.cost.a", low=0)
+            kw["cost_b"] = _number(c.get("b", 1.0), "budget.cost.b", low=0)
+            if kw["cost_a"] == kw["cost_b"] == 0:
+                raise ScenarioError("budget.cost: a fetch must cost something (a or b > 0)")
+    if "horizon_days" in data:
+        kw["horizon_days"] = _number(data["horizon_days"], "horizon_days", low=1e-3)
+    if "warmup_days" in data:
+        kw["warmup_days"] = _number(data["warmup_days"], "warmup_days", low=0)
+    if kw.get("warmup_days", d.warmup_days) >= kw.get("horizon_days", d.horizon_days):
+        raise ScenarioError("warmup_days: must be shorter than horizon_days")
+    if "seeds" in data:
+        seeds = data["seeds"] if isinstance(data["seeds"], list) else [data["seeds"]]
+        if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+            raise ScenarioError(f"seeds: expected a list of integers, got {data['seeds']!r}")
+        kw["seeds"] = tuple(seeds)
+    if "policies" in data:
+        pols = data["policies"] if isinstance(data["policies"], list) else [data["policies"]]
+        bad = [p for p in pols if not _known_policy(p)]
+        if bad or not pols:
+            raise ScenarioError(
+                f"policies: unknown {bad!r} (known: {', '.join(POLICIES)}, or SCHEDULE+PRIORITY such as optimal+level)"
+            )
+        kw["policies"] = tuple(dict.fromkeys(pols))
+    if "refetch" in data:
+        r = _mapping(data["refetch"], "refetch", {"initial", "min", "max", "factor"})
+        ref = dict(d.refetch)
+        try:
+            for k in ("initial", "min", "max"):
+                if k in r:
+                    ref[k] = parse_duration(r[k])
+        except ValueError as exc:
+            raise ScenarioError(f"refetch: {exc}") from None
+        if "factor" in r:
+            ref["factor"] = _number(r["factor"], "refetch.factor", low=1.0)
+        if not ref["min"] <= ref["initial"] <= ref["max"]:
+            raise ScenarioError("refetch: need min <= initial <= max")
+        kw["refetch"] = ref
+    if "scent_delta_s" in data:
+        kw["scent_delta_s"] = _numbers(data["scent_delta_s"], "scent_delta_s")
+    if "tick_minutes" in data:
+        kw["tick_minutes"] = _number(data["tick_minutes"], "tick_minutes", low=1e-3)
+    return Scenario(**kw)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; errors name the file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return parse_scenario(data or {})
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+    except ScenarioError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None

@@ -1,0 +1,137 @@
+"""The simulated site: every page, every change and every announcement of a
+run, drawn up front from the seed so that every policy meets the same events.
+
+Pages are numbered: the hubs first (level 0), then the pages that exist at the
+start (level 2, deep in the site), then the pages created during the run in
+order of creation (level 1: they are linked from a hub). Times are days.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vertical.sim.scenario import Scenario
+
+__all__ = ["Site", "make_site"]
+
+
+@dataclass(frozen=True)
+class Site:
+    """The events of one seed.
+
+    ``change_times[offsets[i]:offsets[i + 1]]`` are page ``i``'s changes,
+    sorted; a hub's changes are the announcements of its pages (each adds a
+    link to the head of its list of the last ``list_length`` links).
+    ``hub_pages[h]`` are hub ``h``'s announced pages in order, created at
+    ``created[hub_pages[h]]``.
+    """
+
+    seed: int
+    horizon: float
+    n_hubs: int
+    n_initial: int
+    created: np.ndarray  # days; 0 for hubs and initial pages
+    rate: np.ndarray  # true change rate per day (a hub's: announcements per day)
+    size: np.ndarray  # bytes
+    level: np.ndarray
+    hub_of: np.ndarray  # the hub announcing a created page, -1 otherwise
+    change_times: np.ndarray
+    offsets: np.ndarray
+    hub_pages: tuple[np.ndarray, ...]
+    list_length: int
+
+    @property
+    def n(self) -> int:
+        return len(self.created)
+
+    @property
+    def first_new(self) -> int:
+        """Index of the first page created during the run."""
+        return self.n_hubs + self.n_initial
+
+    @property
+    def is_document(self) -> np.ndarray:
+        """Pages that count in the metrics (everything but the hubs)."""
+        mask = np.ones(self.n, dtype=bool)
+        mask[: self.n_hubs] = False
+        return mask
+
+
+def _rates(rng: np.random.Generator, n: int, scn: Scenario) -> np.ndarray:
+    ci = scn.change_interval
+    if ci["dist"] == "lognormal":
+        mean_interval = np.exp(np.log(ci["median_days"]) + ci["sigma"] * rng.standard_normal(n))
+    else:
+        mean_interval = ci["scale_days"] * rng.weibull(ci["shape"], n)
+    mean_interval = np.maximum(mean_interval, 1e-9)
+    rate = 1.0 / mean_interval
+    rate[rng.random(n) < scn.static_share] = 0.0
+    return rate
+
+
+def _sizes(rng: np.random.Generator, n: int, scn: Scenario) -> np.ndarray:
+    # Classical Pareto: min_bytes * (1 + Lomax(alpha)).
+    return scn.sizes["min_bytes"] * (1.0 + rng.pareto(scn.sizes["alpha"], n))
+
+
+def make_site(scn: Scenario, seed: int) -> Site:
+    """Draw the site for ``seed``: the same seed gives the same events."""
+    rng = np.random.default_rng(seed)
+    horizon = scn.horizon_days
+    n_hubs, n_initial = scn.hubs, scn.pages
+    n_new = int(rng.poisson(scn.new_pages_per_day * horizon)) if scn.new_pages_per_day > 0 else 0
+    new_created = np.sort(rng.random(n_new) * horizon)
+    new_hub = rng.integers(0, max(n_hubs, 1), n_new)
+    n_docs = n_initial + n_new
+    n = n_hubs + n_docs
+
+    created = np.zeros(n)
+    created[n_hubs + n_initial :] = new_created
+    level = np.empty(n, dtype=np.int64)
+    level[:n_hubs] = 0
+    level[n_hubs : n_hubs + n_initial] = 2
+    level[n_hubs + n_initial :] = 1
+    hub_of = np.full(n, -1, dtype=np.int64)
+    hub_of[n_hubs + n_initial :] = new_hub
+
+    rate = np.zeros(n)
+    rate[n_hubs:] = _rates(rng, n_docs, scn)
+    size = np.empty(n)
+    size[n_hubs:] = _sizes(rng, n_docs, scn)
+    size[:n_hubs] = scn.sizes["min_bytes"] * 2  # a list page
+
+    # Document changes: Poisson counts over each page's life, uniform times.
+    docs = np.arange(n_hubs, n)
+    life = horizon - created[docs]
+    k = rng.poisson(rate[docs] * life)
+    owner = np.repeat(docs, k)
+    times = created[owner] + rng.random(len(owner)) * life[np.repeat(np.arange(n_docs), k)]
+    # Hub changes: the announcements.
+    new_ids = np.arange(n_hubs + n_initial, n)
+    owner = np.concatenate([new_hub[: n_new] if n_hubs else np.empty(0, np.int64), owner]).astype(np.int64)
+    times = np.concatenate([new_created if n_hubs else np.empty(0), times])
+    order = np.lexsort((times, owner))
+    owner, times = owner[order], times[order]
+    counts = np.bincount(owner, minlength=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    hub_pages = tuple(new_ids[new_hub == h] for h in range(n_hubs))
+    for h in range(n_hubs):
+        rate[h] = len(hub_pages[h]) / horizon
+    return Site(
+        seed=seed,
+        horizon=horizon,
+        n_hubs=n_hubs,
+        n_initial=n_initial,
+        created=created,
+        rate=rate,
+        size=size,
+        level=level,
+        hub_of=hub_of,
+        change_times=times,
+        offsets=offsets,
+        hub_pages=hub_pages,
+        list_length=scn.list_length,
+    )
