@@ -3,11 +3,11 @@
 Most extracted links are either certainly new or recently seen, so the store
 is asked only about the rest (Mercator's design):
 
-1. a Bloom filter (pybloom-live's :class:`ScalableBloomFilter`) of every
-   fingerprint in the store: a miss means *certainly new*, no store lookup;
-2. a cache of known fingerprints, LRU over ``cache_size`` entries (Mercator:
+1. a cache of known fingerprints, LRU over ``cache_size`` entries (Mercator:
    2^18 entries; the fingerprints just added are cached too, its
    "recently-added table"): a hit means *known*, no store lookup;
+2. a Bloom filter (pybloom-live's :class:`ScalableBloomFilter`) of every
+   fingerprint in the store: a miss means *certainly new*, no store lookup;
 3. anything else, a Bloom positive missing from the cache, is looked up in
    the store in one batch. A Bloom false positive therefore costs one lookup
    and never loses a URL.
@@ -85,11 +85,13 @@ class SeenTest:
         known: set[int] = set()
         unsure: list[int] = []
         for fp in set(fingerprints):
-            if fp not in bloom:
-                new.add(fp)
-            elif fp in cache:
+            # the cache first: a dict probe costs far less than the filter's
+            # hashing, and it holds only fingerprints known to the store
+            if fp in cache:
                 cache.move_to_end(fp)
                 known.add(fp)
+            elif fp not in bloom:
+                new.add(fp)
             else:
                 unsure.append(fp)
         self.bloom_negative += len(new)
