@@ -137,6 +137,10 @@ class Frontier(ABC):
     @abstractmethod
     def set_meta(self, site: str, key: str, value: Any) -> None: ...
 
+    @abstractmethod
+    def all_meta(self, site: str) -> dict[str, Any]:
+        """Every meta key of a site and its value (to move a site between stores)."""
+
     def close(self) -> None:
         pass
 

@@ -318,14 +318,16 @@ class SQLiteFrontier(Frontier):
                  fetched_before: float | None = None) -> float | None:
         lane_sql, lane_params = _lane_clause(lane, now)
         extra = ""
-        params: list[Any] = [site, *_CLAIMABLE_STATES, *lane_params]
+        params: list[Any] = [now, now, site, *_CLAIMABLE_STATES, *lane_params]
         if fetched_before is not None:
             extra = " AND fetch_time < ?"
             params.append(fetched_before)
-        # Due now: the lane clause already bounds next_fetch; what remains is
-        # the earliest moment a lease on one of them runs out.
+        # Due now: the lane clause already bounds next_fetch (a stale record
+        # is claimable now whatever its next_fetch); what remains is the
+        # earliest moment a lease on one of them runs out.
         row = self._read(
-            f"SELECT MIN(CASE WHEN claim_owner IS NULL THEN next_fetch ELSE MAX(next_fetch, claim_until) END) "
+            f"SELECT MIN(CASE WHEN claim_owner IS NULL THEN MIN(next_fetch, ?) "
+            f"ELSE MAX(MIN(next_fetch, ?), claim_until) END) "
             f"FROM urls INDEXED BY urls_due WHERE site = ? "
             f"AND state IN ({', '.join('?' * len(_CLAIMABLE_STATES))}) AND {lane_sql}{extra}",
             params,
@@ -361,6 +363,10 @@ class SQLiteFrontier(Frontier):
     def get_meta(self, site: str, key: str) -> Any:
         row = self._read("SELECT value FROM meta WHERE site = ? AND key = ?", (site, key))
         return json.loads(row[0][0]) if row else None
+
+    def all_meta(self, site: str) -> dict[str, Any]:
+        rows = self._read("SELECT key, value FROM meta WHERE site = ?", (site,))
+        return {key: json.loads(value) for key, value in rows}
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,109 @@
+"""A real ``redis-server`` on a free loopback port, for tests and benchmarks.
+
+The server runs in its own temporary directory so that its append-only file
+survives :meth:`RedisServer.stop` and is replayed by :meth:`RedisServer.start`
+on the same port: what a crashed and restarted Redis looks like to a client.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """``with RedisServer() as server: server.url`` -> ``redis://127.0.0.1:PORT``.
+
+    ``appendonly`` (the default) makes every write durable across
+    :meth:`stop` / :meth:`start`; RDB snapshots are off (``--save ''``).
+    """
+
+    def __init__(self, *, appendonly: bool = True, port: int | None = None,
+                 directory: str | Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        self.port = port or free_port()
+        self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="vertical-redis-")
+        self.directory = Path(directory or self._tmp.name)
+        self.appendonly = appendonly
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, db=db)
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        if self.process is not None:
+            return self
+        args = [
+            REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.directory), "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            # Each write reaches the AOF before the reply: nothing acknowledged
+            # is lost by a kill, which the fault tests rely on.
+            "--appendfsync", "always" if self.appendonly else "no",
+            "--databases", "64", "--daemonize", "no", "--logfile", "redis.log",
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(args, cwd=self.directory, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        client = self.client()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    # PING answers while the AOF is still loading (LOADING
+                    # error); wait for the data set to be there.
+                    if client.ping() and not client.info("persistence").get("loading"):
+                        return self
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    pass
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    log = (self.directory / "redis.log")
+                    raise RuntimeError(f"redis-server did not start on port {self.port}: "
+                                       f"{log.read_text() if log.exists() else ''}")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the server (SIGKILL with ``kill``: no final AOF rewrite)."""
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        self.process.wait(timeout=30)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop(kill=True)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
