@@ -23,6 +23,7 @@ from scrapy import Request, Spider
 from scrapy.http import Response, TextResponse
 from twisted.python.failure import Failure
 
+from middlewares.dns import prefetch
 from pipelines.frontier import FrontierPipeline, PageOutcome
 from vertical.changes import diff_page
 from vertical.config import ConfigError, load_site
@@ -30,7 +31,7 @@ from vertical.extract import extract_links, extract_records, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_LEVEL, META_PARENT, META_RECORD, META_SEED
-from vertical.urls import canonicalize
+from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -155,12 +156,17 @@ class VerticalSpider(Spider):
             return []
         strip = self.site.traps.strip_params
         requests = []
-        for link in extract_links(self.site, response):
+        hosts = set()
+        for link in extract_links(self.site, response, level=record.level):
             try:
                 url = canonicalize(link.url, strip)
             except ValueError:
                 continue
+            hosts.add(host_of(url))
             requests.append(Request(url, meta={META_LEVEL: level, META_PARENT: record}))
+        # Seed 004: resolve new host names now, so that their first fetch
+        # finds them cached.
+        prefetch(hosts - {record.host})
         return requests
 
     def _item(self, record: URLRecord, key: str, doc: dict[str, Any], fetched_at: str, status: str) -> DocumentItem:

@@ -34,7 +34,15 @@ VERTICAL_SEEN_CAPACITY = 1_000_000
 VERTICAL_SEEN_ERROR_RATE = 0.001
 VERTICAL_SEEN_CACHE = 2**18
 
+# Final stats as JSON, when set (for scripts and Scrapyd monitors).
+VERTICAL_STATS_FILE = None
+
 SCHEDULER = "vertical.scheduler.FrontierScheduler"
+
+EXTENSIONS = {
+    "vertical.extensions.StatsFile": 0,
+    "middlewares.dns.DNSCacheStats": 0,
+}
 
 DOWNLOADER_MIDDLEWARES = {
     "middlewares.conditional.ConditionalRequestMiddleware": 560,
@@ -59,6 +67,14 @@ TELNETCONSOLE_ENABLED = False
 USER_AGENT = "vertical/0.1 (+https://github.com/vertical-crawler/vertical)"
 # The frontier is the dupefilter: it dedups across runs and processes.
 DUPEFILTER_CLASS = "scrapy.dupefilters.BaseDupeFilter"
+
+# DNS: a cache with expiry and negative answers, and prefetch of the hosts
+# of extracted links (seed 004). VERTICAL_DNS_SERVERS = ["host:port"] asks
+# those servers directly with Twisted Names instead of the system resolver.
+TWISTED_DNS_RESOLVER = "middlewares.dns.CachingResolver"
+VERTICAL_DNS_TTL = 3600
+VERTICAL_DNS_NEGATIVE_TTL = 60
+VERTICAL_DNS_SERVERS = []
 
 LOG_LEVEL = "INFO"
 FEED_EXPORT_ENCODING = "utf-8"

@@ -1,0 +1,144 @@
+"""Incremental crawling end to end: real `scrapy crawl` runs against the demo site."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.crawling import crawl, kill, site_file, start_crawl, wait_for
+from vertical.demo.server import serve
+from vertical.demo.site import DemoSite
+from vertical.frontier.sqlite import SQLiteFrontier
+
+DAY = 86400
+
+
+def film_path(item: dict) -> str:
+    return "/" + item["url"].split("/", 3)[3]
+
+
+def records(store: Path) -> dict[str, dict]:
+    frontier = SQLiteFrontier(store)
+    try:
+        return {"/" + r.url.split("/", 3)[3]: r for r in frontier.iter_records("demo")}
+    finally:
+        frontier.close()
+
+
+@pytest.fixture
+def demo():
+    with serve(DemoSite(seed=0)) as server:
+        yield server
+
+
+def test_first_run_extracts_every_document(demo, tmp_path):
+    site = site_file(tmp_path, demo.url)
+    result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    truth = demo.site.truth()
+    films = {film_path(i): i for i in result.items if i["document"] == "film"}
+    expected_films = {p: t for p, t in truth.items() if t["document"] == "film"}
+    assert set(films) == set(expected_films)
+    for path, item in films.items():
+        assert item["status"] == "new"
+        assert item["fields"] == expected_films[path]["fields"]
+    # Many records per page: one item per <article>, keyed by title.
+    year_items = [i for i in result.items if i["document"] == "yearpage"]
+    expected_year = {(p, k): f for p, t in truth.items() if t["document"] == "yearpage"
+                     for k, f in t["records"].items()}
+    assert {(film_path(i), i["key"]): i["fields"] for i in year_items} == expected_year
+    assert result.stat("vertical/new") == len(result.items)
+    assert result.stat("vertical/changed") == result.stat("vertical/gone") == 0
+    # robots.txt obeyed, /private/ never requested.
+    assert not [r for r in demo.requests if r["path"].startswith("/private/")]
+
+
+def test_second_run_emits_only_changes_and_adapts_delays(demo, tmp_path):
+    site = site_file(tmp_path, demo.url, refetch={"initial": "1d", "min": "1h", "max": "3d", "factor": 2})
+    store = tmp_path / "f.sqlite3"
+    first = crawl(site, store, tmp_path, tag="1")
+    before = records(store)
+    assert all(r.refetch_delay == DAY for r in before.values() if r.visits)
+
+    # Right after: nothing is due (the entry page was fetched within the 1 h minimum).
+    demo.clear_log()
+    again = crawl(site, store, tmp_path, tag="again")
+    assert again.items == []
+    assert [r["path"] for r in demo.requests if r["path"] != "/robots.txt"] == []
+
+    # Two days later the site has changed: step 1.
+    demo.set_step(1)
+    plan = demo.site.changes(1)
+    demo.clear_log()
+    second = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": 2 * DAY})
+    film_items = {int(film_path(i).rsplit("/", 1)[1]): i["status"] for i in second.items if i["document"] == "film"}
+    expected = {fid: "new" for fid in plan["new"]}
+    expected |= {fid: "changed" for fid in plan["changed"]}
+    expected |= {fid: "gone" for fid in plan["gone"]}
+    assert film_items == expected
+    gone = [i for i in second.items if i["status"] == "gone" and i["document"] == "film"]
+    assert gone[0]["fields"] == first_fields(first, gone[0]["url"])
+    # Every page's bytes changed (footer), yet unchanged films yield nothing.
+    assert second.stat("vertical/unchanged") > 0
+    for status in ("new", "changed", "gone"):
+        assert second.stat(f"vertical/{status}") == len(second.by_status(status))
+
+    after = records(store)
+    for fid in plan["changed"]:
+        assert after[f"/film/{fid}"].refetch_delay == DAY / 2  # halved
+    unchanged = [p for p in after if p.startswith("/film/") and int(p.rsplit("/", 1)[1]) <= 30
+                 and int(p.rsplit("/", 1)[1]) not in plan["changed"] + plan["gone"]]
+    assert unchanged
+    for path in unchanged:
+        assert after[path].refetch_delay == 2 * DAY  # doubled
+    gone_record = after[f"/film/{plan['gone'][0]}"]
+    assert gone_record.state == "gone" and gone_record.http_status == 404
+
+    # Four days later: unchanged pages double again but are clamped at max (3d).
+    demo.set_step(1)
+    third = crawl(site, store, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": 6 * DAY})
+    assert [i for i in third.items if i["status"] == "gone"] == []  # gone is emitted once
+    final = records(store)
+    for path in unchanged:
+        assert final[path].refetch_delay == 3 * DAY
+    for fid in plan["changed"]:
+        assert final[f"/film/{fid}"].refetch_delay == DAY  # unchanged since: 12h * 2
+
+
+def first_fields(result, url: str) -> dict:
+    return next(i["fields"] for i in result.items if i["url"] == url)
+
+
+def test_killed_crawl_loses_no_url_record(tmp_path):
+    with serve(DemoSite(seed=0, films=60)) as demo:
+        # Slow enough to be killed in the middle.
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.2, "concurrency": 1})
+        store = tmp_path / "f.sqlite3"
+        # A short lease: the killed process's claims must run out during the test.
+        proc = start_crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_LEASE": 3})
+        wait_for(lambda: len([r for r in demo.requests if r["path"].startswith("/film/")]) >= 10)
+        kill(proc)
+        db = sqlite3.connect(store)
+        known = {u for (u,) in db.execute("SELECT url FROM urls")}
+        db.close()
+        assert known
+        result = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_LEASE": 3})
+        assert result.stat("vertical/scheduler/claimed") > 0
+        after = records(store)
+        assert known <= {r.url for r in after.values()}
+        truth = demo.site.truth()
+        fetched = {p for p, r in after.items() if r.visits}
+        assert set(truth) <= fetched
+        assert not [r for r in after.values() if r.claim_owner]
+        assert result.returncode == 0
+
+
+def test_bad_config_stops_before_any_request(demo, tmp_path):
+    site = site_file(tmp_path, demo.url, documents=[{"name": "film", "match": "/film/(", "fields": {"t": "//h1"}}])
+    demo.clear_log()
+    result = crawl(site, tmp_path / "f.sqlite3", tmp_path, check=False)
+    assert result.returncode != 0
+    assert f"{site}: documents[0].match:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert demo.requests == []
