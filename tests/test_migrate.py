@@ -1,0 +1,104 @@
+"""Moving sites between stores with the real ``scrapy frontier_export`` /
+``frontier_import`` commands, in subprocesses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vertical.frontier import open_frontier
+from vertical.record import FETCHED, GONE, URLRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def scrapy(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scrapy", *args], cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def ok(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    result = scrapy(*args, stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def records(site: str, n: int) -> list[URLRecord]:
+    out = []
+    for i in range(n):
+        out.append(URLRecord(
+            url=f"http://{site}.example/p/{i}", fingerprint=(i * 2654435761) % 2**63 - 2**62,
+            site=site, host=f"{site}.example", level=i % 4, state=(FETCHED, GONE)[i % 2],
+            checksum=i * 31, fetch_time=1.7e9 + i / 3, refetch_delay=86400 / 7, next_fetch=1.7e9 + i * 0.1,
+            http_status=(200, 410)[i % 2], etag=None if i % 3 else f'"e{i}"',
+            last_modified="" if i % 5 == 0 else None, visits=i, changes=i // 2, priority=i / 9,
+            docs={f"k{i}": {"document": "film", "checksum": i, "fields": {"title": f"Т{i}"}}} if i % 2 else {},
+            extra={"cash": 0.1 * i} if i % 4 else {},
+        ))
+    out[-1].next_fetch = float("inf")
+    return out
+
+
+def snapshot(uri: str, sites: list[str]) -> dict[str, object]:
+    with open_frontier(uri) as store:
+        return {
+            site: (sorted((dataclasses.asdict(r) for r in store.iter_records(site)),
+                          key=lambda d: d["fingerprint"]), store.all_meta(site))
+            for site in sites
+        }
+
+
+@pytest.fixture
+def sqlite_source(tmp_path) -> str:
+    uri = f"sqlite:///{tmp_path / 'a.sqlite3'}"
+    with open_frontier(uri) as store:
+        store.save(records("movies", 120) + records("books", 30))
+        store.claim_due("movies", "crawler-1", 1.8e9, 600.0, 5)  # claims travel too
+        store.set_meta("movies", "priority.opic", {"lambda": 0.1, "history": [1, 2.5]})
+        store.set_meta("books", "counter", 3)
+    return uri
+
+
+def test_sqlite_to_redis_to_sqlite_round_trips_exactly(sqlite_source, redis_url, tmp_path):
+    back = f"sqlite:///{tmp_path / 'b.sqlite3'}"
+    ok("frontier_export", "--from", sqlite_source, "--to", redis_url)
+    assert snapshot(redis_url, ["movies", "books"]) == snapshot(sqlite_source, ["movies", "books"])
+    ok("frontier_export", "--from", redis_url, "--to", back)
+    assert snapshot(back, ["movies", "books"]) == snapshot(sqlite_source, ["movies", "books"])
+    with open_frontier(back) as store:
+        assert store.sites() == ["books", "movies"]
+        assert sum(r.claim_owner == "crawler-1" for r in store.iter_records("movies")) == 5
+
+
+def test_one_site_through_jsonl(sqlite_source, redis_url, tmp_path):
+    dump = tmp_path / "movies.jsonl"
+    result = ok("frontier_export", "--from", sqlite_source, "--site", "movies", "-o", str(dump))
+    assert "movies: 120 records" in result.stderr
+    lines = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert sum("record" in line for line in lines) == 120 and sum("meta" in line for line in lines) == 1
+    ok("frontier_import", "--store", redis_url, str(dump))
+    assert snapshot(redis_url, ["movies"]) == snapshot(sqlite_source, ["movies"])
+    with open_frontier(redis_url) as store:
+        assert store.sites() == ["movies"]
+
+
+def test_pipe_with_release_drops_claims(sqlite_source, redis_url):
+    dump = ok("frontier_export", "--from", sqlite_source, "-o", "-").stdout
+    ok("frontier_import", "--to", redis_url, "--release", "-", stdin=dump)
+    with open_frontier(redis_url) as store:
+        assert store.count() == 150
+        assert {r.claim_owner for r in store.iter_records()} == {None}
+        assert len(store.claim_due("movies", "b", 1.8e9, 600.0, 1000)) == 119  # all but next_fetch=inf
+
+
+def test_bad_usage_fails_before_writing(sqlite_source, redis_url):
+    assert scrapy("frontier_export", "--from", sqlite_source).returncode != 0
+    assert scrapy("frontier_export", "--from", sqlite_source, "--to", redis_url, "-o", "-").returncode != 0
+    assert scrapy("frontier_export", "--from", sqlite_source, "--to", sqlite_source).returncode != 0
+    with open_frontier(redis_url) as store:
+        assert store.count() == 0
