@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from itemadapter import ItemAdapter
 from scrapy import Request, signals
 
-from vertical.record import FETCHED, GONE, URLRecord
+from vertical.record import DUPLICATE, FETCHED, GONE, URLRecord
 from vertical.urls import fingerprint
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class PageOutcome:
     links: Sequence[Request] = ()
     not_modified: bool = False
     gone: bool = False
+    duplicate_of: int | None = None  # fingerprint of the page with the same content
 
 
 @dataclass(slots=True)
@@ -95,6 +96,11 @@ class FrontierPipeline:
             self._count("pages/unchanged", "not_modified")
             self.stats.inc_value("vertical/unchanged", max(len(record.docs), 1))
             scheduler.schedule.set_fetched(record, now, changed=False)
+        elif outcome.duplicate_of is not None:
+            self._count("pages/duplicate")
+            record.state = DUPLICATE
+            record.extra["duplicate_of"] = outcome.duplicate_of
+            scheduler.schedule.set_fetched(record, now, changed=False)
         elif outcome.gone:
             self._count("pages/gone")
             self.stats.inc_value("vertical/gone", len(items))
@@ -115,6 +121,7 @@ class FrontierPipeline:
                 harvest = diff.harvest()
             self._count("pages/new" if first else "pages/changed" if changed else "pages/unchanged")
             record.state = FETCHED
+            record.extra.pop("duplicate_of", None)
             record.checksum = outcome.checksum
             record.etag = _header(response, b"ETag") or record.etag
             record.last_modified = _header(response, b"Last-Modified") or record.last_modified

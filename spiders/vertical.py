@@ -30,7 +30,7 @@ from vertical.config import ConfigError, load_site
 from vertical.extract import extract_links, extract_records, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
-from vertical.scheduler import META_LEVEL, META_PARENT, META_RECORD, META_SEED
+from vertical.scheduler import META_DUPLICATE, META_LEVEL, META_PARENT, META_RECORD, META_SEED
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -119,6 +119,10 @@ class VerticalSpider(Spider):
             yield from self._finish(record, PageOutcome(response, checksum=0))
             return
 
+        if (original := response.meta.get(META_DUPLICATE)) is not None:
+            # Seed 004: a copy of a known page; its links were extracted there.
+            yield from self._finish(record, PageOutcome(response, duplicate_of=original))
+            return
         links = self._links(response, record)
         rule = match_rule(self.site, response.url) or match_rule(self.site, record.url)
         if rule is None:

@@ -38,8 +38,9 @@ from scrapy.core.scheduler import BaseScheduler
 
 from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.policies import make_priority, make_schedule
-from vertical.record import NEW, URLRecord
+from vertical.record import NEW, TRAP, URLRecord
 from vertical.seen import SeenTest
+from vertical.traps import DEFER, HostGuard, check_url
 from vertical.urls import fingerprint, host_of
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ META_LEVEL = "vertical.level"  # link distance of a discovered URL
 META_PARENT = "vertical.parent"  # the URLRecord of the page a link was found on
 META_SEED = "vertical.seed"  # an entry URL
 META_DIRECT = "vertical.direct"  # not a frontier URL: serve first, store nothing
+META_DUPLICATE = "vertical.duplicate_of"  # set on a response whose content another page has
 
 _POLL = 1.0  # seconds between store polls when nothing was claimable
 
@@ -106,6 +108,8 @@ class FrontierScheduler(BaseScheduler):
         self._last_flush = 0.0
         self._last_renew = 0.0
         self._handed_out = 0
+        self._per_host: dict[str, int] = {}
+        self._postponed: dict[str, float] = {}
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -150,6 +154,9 @@ class FrontierScheduler(BaseScheduler):
             cache_size=self._settings.getint("VERTICAL_SEEN_CACHE"),
         )
         self.seen.load(self.frontier.fingerprints(site.name))
+        traps = site.traps
+        self.host_guard = HostGuard(share=traps.host_share_guard, min_urls=traps.host_share_min_pages) \
+            if traps.host_share_guard else None
         if hasattr(self.schedule, "set_budget"):
             # The site's politeness is the fetch budget: pages per day it allows.
             pol = site.politeness
@@ -167,6 +174,8 @@ class FrontierScheduler(BaseScheduler):
         self.frontier.set_meta(self.site.name, f"priority.{self.priority.name}", dict(self.priority.state()))
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
+        if self.host_guard and self.host_guard.guarded_hosts:
+            self.stats.set_value("vertical/guarded_hosts", sorted(self.host_guard.guarded_hosts))
         self.frontier.close()
         return None
 
@@ -236,6 +245,15 @@ class FrontierScheduler(BaseScheduler):
         self.schedule.set_failed(record, self.now())
         self.page_done(record)
 
+    def postpone_host(self, host: str, seconds: float) -> None:
+        """Leave a host alone for a while (its robots.txt answered 5xx or timed
+        out): its queued records go back to the store for later."""
+        self._postponed[host] = self.now() + seconds
+        queue = self._queues.pop(host, [])
+        if queue:
+            self.frontier.release(self.site.name, self.owner, [r.fingerprint for *_, r in queue])
+        self.stats.inc_value("vertical/host/postponed")
+
     def records_for(self, fingerprints: Iterable[int]) -> dict[int, URLRecord]:
         """Current records of these URLs (for policies that update outlinks)."""
         self._flush_discovered()
@@ -254,6 +272,13 @@ class FrontierScheduler(BaseScheduler):
             slot = slots.get(host)
             if slot is not None and len(slot.active) >= slot.concurrency:
                 continue  # the host is busy; serve the next one
+            cap = self.site.traps.max_pages_per_host
+            if cap and self._per_host.get(host, 0) >= cap:
+                if self._per_host[host] == cap:
+                    self._per_host[host] += 1
+                    self.stats.inc_value("vertical/trap/host_page_cap")
+                continue  # its claims are released when the crawl closes
+            self._per_host[host] = self._per_host.get(host, 0) + 1
             record = heapq.heappop(queue)[2]
             self._inflight[record.fingerprint] = record
             self._handed_out += 1
@@ -269,7 +294,13 @@ class FrontierScheduler(BaseScheduler):
         heapq.heappush(queue, (-self.priority.effective(record), next(self._seq), record))
 
     def _refill(self) -> None:
+        now = self.now()
+        self._postponed = {h: t for h, t in self._postponed.items() if t > now}
         busy = [h for h, q in self._queues.items() if len(q) >= self.batch]
+        busy += list(self._postponed)
+        cap = self.site.traps.max_pages_per_host
+        if cap:
+            busy += [h for h, n in self._per_host.items() if n >= cap]
         records = self.frontier.claim_due(
             self.site.name, self.owner, self.now(), self.lease, self.batch, self.lane,
             exclude_hosts=busy, fetched_before=self.fetched_before,
@@ -292,21 +323,33 @@ class FrontierScheduler(BaseScheduler):
         batch, self._discovered = self._discovered, {}
         site, now = self.site.name, self.now()
         new, known = self.seen.check_many(batch)
-        records = []
+        take = claim and self.lane.new_urls and not self.budget_exhausted
+        taken, left = [], []
         for fp in new:
             url, host, level, parent, _ = batch[fp]
             record = URLRecord(url=url, fingerprint=fp, site=site, host=host, level=level, state=NEW)
             self.schedule.set_discovered(record, now)
             self.priority.on_discovered(record, parent)
-            records.append(record)
-        take = claim and self.lane.new_urls and not self.budget_exhausted
-        inserted = self.frontier.add(records, claim_owner=self.owner if take else None,
-                                     claim_until=now + self.lease)
+            if reason := check_url(url, self.site.traps):
+                # Stored, so it is known and never counted as new again; never fetched.
+                record.state, record.extra["trap"] = TRAP, reason
+                self.stats.inc_value(f"vertical/trap/{reason}")
+                left.append(record)
+            elif self.host_guard is not None and self.host_guard.decide(host) == DEFER:
+                # An over-prominent host: its new URLs wait for a later run.
+                record.next_fetch = now + self.schedule.initial
+                self.stats.inc_value("vertical/trap/host_guard")
+                left.append(record)
+            elif take and host not in self._postponed:
+                taken.append(record)
+            else:
+                left.append(record)
+        inserted = self.frontier.add(taken, claim_owner=self.owner, claim_until=now + self.lease)
+        for record in inserted:
+            self._push(record)
+        inserted += self.frontier.add(left)
         self.seen.add(r.fingerprint for r in inserted)
         self.stats.inc_value("vertical/discovered", len(inserted))
-        if take:
-            for record in inserted:
-                self._push(record)
         seeds = [fp for fp in known if batch[fp][4]]
         if seeds:
             self.frontier.make_due(site, seeds, now, self.site.refetch.min)
