@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from itemadapter import ItemAdapter
 from scrapy import Request, signals
 
+from vertical import signals as vertical_signals
 from vertical.record import DUPLICATE, FETCHED, GONE, URLRecord
 from vertical.urls import fingerprint
 
@@ -92,6 +93,7 @@ class FrontierPipeline:
         response = outcome.response
         record.http_status = response.status
         harvest = 0.0
+        changed = False
         if outcome.not_modified:
             self._count("pages/unchanged", "not_modified")
             self.stats.inc_value("vertical/unchanged", max(len(record.docs), 1))
@@ -104,6 +106,7 @@ class FrontierPipeline:
         elif outcome.gone:
             self._count("pages/gone")
             self.stats.inc_value("vertical/gone", len(items))
+            changed = True
             record.state = GONE
             # Emitted once: a page that comes back later is new again.
             record.checksum, record.docs = 0, {}
@@ -126,6 +129,8 @@ class FrontierPipeline:
             record.etag = _header(response, b"ETag") or record.etag
             record.last_modified = _header(response, b"Last-Modified") or record.last_modified
             scheduler.schedule.set_fetched(record, now, changed=changed)
+        self.crawler.signals.send_catch_log(vertical_signals.page_fetched, record=record, outcome=outcome,
+                                            changed=changed)
         outlinks = self._outlinks(outcome.links) if scheduler.priority.wants_outlinks else []
         scheduler.priority.on_fetched(record, harvest, outlinks)
         if not items:
