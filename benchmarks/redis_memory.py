@@ -1,0 +1,108 @@
+"""Bytes per URL record in the Redis frontier, next to scrapy-redis's dupefilter.
+
+Starts its own redis-server on a free loopback port (no persistence), fills
+one site with N records through ``RedisFrontier.save`` and reads Redis's own
+accounting: ``used_memory`` before and after, and ``MEMORY USAGE`` of each
+key. Then, for the same URLs, the set that ``scrapy_redis.dupefilter.RFPDupeFilter``
+keeps (SHA1 hex request fingerprints, filled with ``request_seen``'s SADD).
+
+    python benchmarks/redis_memory.py [N ...]        # default: 100000 1000000
+
+Prints a Markdown table (see benchmarks/REDIS.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scrapy import Request  # noqa: E402
+from scrapy_redis.dupefilter import RFPDupeFilter  # noqa: E402
+
+from tests.redis_server import RedisServer  # noqa: E402
+from vertical.frontier.redis import RedisFrontier  # noqa: E402
+from vertical.record import FETCHED, NEW, URLRecord  # noqa: E402
+from vertical.urls import fingerprint, host_of  # noqa: E402
+
+SITE = "bench"
+BATCH = 10_000
+NOW = 1_700_000_000.0
+
+
+def url(i: int) -> str:
+    # ~70 characters, 200 hosts: the shape of a vertical site's links.
+    return f"https://www{i % 200}.example-catalogue.org/films/{i // 200}/review-{i}.html?page={i % 7}"
+
+
+def record(i: int, profile: str) -> URLRecord:
+    u = url(i)
+    r = URLRecord(url=u, fingerprint=fingerprint(u), site=SITE, host=host_of(u), level=i % 6,
+                  state=NEW, next_fetch=NOW + i % 3600, refetch_delay=86400.0, priority=(i % 97) / 97)
+    if profile == "fetched":
+        r = dataclasses.replace(
+            r, state=FETCHED, visits=3, changes=1, checksum=(i * 2654435761) % 2**32, http_status=200,
+            fetch_time=NOW - i % 86400 + 0.123456, next_fetch=NOW + 86400 + i % 3600 + 0.5,
+            refetch_delay=172800.0, etag=f'"{i:x}-5e8f"', last_modified="Tue, 15 Nov 2023 08:12:31 GMT",
+            extra={"n": 3, "x": 1},
+        )
+    return r
+
+
+def used(client) -> int:
+    return client.info("memory")["used_memory"]
+
+
+def frontier_bytes(server: RedisServer, n: int, profile: str) -> dict[str, float]:
+    client = server.client()
+    client.flushall()
+    base = used(client)
+    store = RedisFrontier(client, uri=server.url)
+    start = time.perf_counter()
+    for lo in range(0, n, BATCH):
+        store.save([record(i, profile) for i in range(lo, min(n, lo + BATCH))])
+    seconds = time.perf_counter() - start
+    total = used(client) - base
+    urls, due, prio, _ = store._keys(SITE)
+    keys = {name: client.memory_usage(key, samples=0) or 0
+            for name, key in (("urls", urls), ("due", due), ("prio", prio))}
+    assert store.count(SITE) == n
+    return {"total": total / n, **{k: v / n for k, v in keys.items()}, "rate": n / seconds}
+
+
+def dupefilter_bytes(server: RedisServer, n: int) -> float:
+    client = server.client()
+    client.flushall()
+    base = used(client)
+    dupefilter = RFPDupeFilter(client, key=f"{SITE}:dupefilter")
+    for lo in range(0, n, BATCH):
+        # request_seen() is one SADD of request_fingerprint(); pipelined here.
+        pipe = client.pipeline(transaction=False)
+        for i in range(lo, min(n, lo + BATCH)):
+            pipe.sadd(dupefilter.key, dupefilter.request_fingerprint(Request(url(i))))
+        pipe.execute()
+    assert client.scard(dupefilter.key) == n
+    return (used(client) - base) / n
+
+
+def main(sizes: list[int]) -> None:
+    with RedisServer(appendonly=False) as server:
+        version = server.client().info("server")["redis_version"]
+        print(f"redis-server {version}, used_memory delta per URL (MEMORY USAGE per key in brackets)\n")
+        print("| URLs | frontier, new records | frontier, fetched records | scrapy-redis dupefilter set |")
+        print("|---:|---|---|---:|")
+        for n in sizes:
+            cells = []
+            for profile in ("new", "fetched"):
+                b = frontier_bytes(server, n, profile)
+                cells.append(f"{b['total']:.0f} B (urls {b['urls']:.0f} + due {b['due']:.0f} + "
+                             f"prio {b['prio']:.0f}); {b['rate']:,.0f} records/s saved")
+            print(f"| {n:,} | {cells[0]} | {cells[1]} | {dupefilter_bytes(server, n):.0f} B |", flush=True)
+
+
+if __name__ == "__main__":
+    main([int(a) for a in sys.argv[1:]] or [100_000, 1_000_000])
