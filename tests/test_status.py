@@ -1,0 +1,129 @@
+"""``scrapy vertical-status``: the per-site, per-host summary of a frontier,
+on both backends, and the real command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vertical.frontier import open_frontier
+from vertical.policies.estimate import COUNTS_KEY
+from vertical.record import FETCHED, GONE, NEW, TRAP, URLRecord
+from vertical.status import format_duration, render, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+NOW = 1.75e9
+HOUR, DAY = 3600.0, 86400.0
+
+
+def rec(i: int, host: str = "a.example", site: str = "movies", **kw) -> URLRecord:
+    return URLRecord(url=f"http://{host}/p/{i}", fingerprint=hash((site, host, i)) % 2**62, site=site,
+                     host=host, **kw)
+
+
+def fixture_records() -> list[URLRecord]:
+    return [
+        # a.example: three fetched pages, one new, one gone, one trap, one 5xx
+        rec(1, state=FETCHED, visits=5, changes=2, refetch_delay=1 * DAY, fetch_time=NOW - 2 * HOUR,
+            next_fetch=NOW - 1, http_status=200),
+        rec(2, state=FETCHED, visits=3, changes=0, refetch_delay=2 * DAY, fetch_time=NOW - DAY,
+            next_fetch=NOW + 30 * 60, http_status=200, claim_owner="box:1:aa", claim_until=NOW + 600),
+        rec(3, state=FETCHED, visits=2, changes=1, refetch_delay=4 * DAY, fetch_time=NOW - 3 * DAY,
+            next_fetch=NOW + 12 * HOUR, http_status=503,
+            extra={COUNTS_KEY: [1, 0, 2 * DAY, 0.0]}),
+        rec(4, state=NEW, next_fetch=0.0, claim_owner="box:1:aa", claim_until=NOW + 600),
+        rec(5, state=GONE, visits=2, refetch_delay=8 * DAY, fetch_time=NOW - HOUR, next_fetch=NOW + 7 * DAY,
+            http_status=404),
+        rec(6, state=TRAP, next_fetch=0.0, extra={"trap": "repeating-path"},
+            claim_owner="old:2:bb", claim_until=NOW - 5),  # an expired lease is not held
+        # b.example: one new page, one trap
+        rec(7, host="b.example", state=NEW, next_fetch=NOW + 2 * DAY),
+        rec(8, host="b.example", state=TRAP, extra={"trap": "too-long"}),
+        # another site
+        rec(9, host="c.example", site="books", state=NEW),
+    ]
+
+
+def test_summary_per_site_and_host(frontier):
+    frontier.save(fixture_records(), release=False)
+    summary = summarize(frontier.iter_records("movies"), NOW)
+    assert list(summary) == ["movies"]
+    a = summary["movies"]["hosts"]["a.example"]
+    assert a["records"] == 6
+    assert a["states"] == {"new": 1, "fetched": 3, "gone": 1, "trap": 1}
+    # Cumulative, traps never due: 1 and 4 now; 2 within the hour; 3 within the day.
+    assert a["due"] == {"now": 2, "hour": 3, "day": 4}
+    assert a["delay"] == {"p10": pytest.approx(1.3 * DAY), "median": pytest.approx(3 * DAY),
+                          "p90": pytest.approx(6.8 * DAY)}
+    assert a["changes"]["revisits"] == 4 + 2 + 1 + 1
+    assert a["changes"]["changed"] == 3
+    assert a["changes"]["per_visit"] == pytest.approx(3 / 8)
+    # Naive for 1 (2 changes over 4 revisits at 1 day) and 2 (none); Cho for 3.
+    assert a["changes"]["per_day"] == pytest.approx(0.5 + 0.0 + 0.5493, rel=1e-3)
+    assert a["last_fetch"] == NOW - HOUR
+    assert a["errors"] == 1
+    assert a["traps"] == {"repeating-path": 1}
+    assert a["leases"] == {"box:1:aa": 2}
+
+    b = summary["movies"]["hosts"]["b.example"]
+    assert b["due"] == {"now": 0, "hour": 0, "day": 0}
+    assert b["delay"] == {"p10": None, "median": None, "p90": None}
+    assert b["changes"]["per_visit"] is None and b["last_fetch"] is None
+
+    total = summary["movies"]["total"]
+    assert total["records"] == 8
+    assert total["traps"] == {"repeating-path": 1, "too-long": 1}
+    assert total["due"] == {"now": 2, "hour": 3, "day": 4}
+
+    both = summarize(frontier.iter_records(), NOW)
+    assert list(both) == ["books", "movies"]
+
+
+def test_table_names_hosts_traps_and_lease_holders():
+    summary = summarize(fixture_records(), NOW)
+    text = render(summary, NOW)
+    assert "site movies: 8 records" in text
+    lines = text.splitlines()
+    a_row = next(line for line in lines if line.strip().startswith("a.example"))
+    assert "2/3/4" in a_row and "31.2h/3d/6.8d" in a_row
+    assert "traps: repeating-path 1, too-long 1" in text
+    assert "leases: box:1:aa holds 2" in text
+    assert "site books: 1 records" in text
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (None, 5, 150, 3 * HOUR, 1.5 * DAY, 45 * DAY)] == \
+        ["-", "5s", "2.5m", "3h", "36h", "45d"]
+
+
+def scrapy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scrapy", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_command_json_and_table(frontier_uri):
+    with open_frontier(frontier_uri) as store:
+        store.save(fixture_records(), release=False)
+    # The command's clock is the crawl's: replay it at NOW.
+    offset = f"VERTICAL_TIME_OFFSET={NOW - __import__('time').time()}"
+    done = scrapy("vertical-status", "movies", "--json", "--store", frontier_uri, "-s", offset)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["store"] == frontier_uri
+    assert list(data["sites"]) == ["movies"]
+    a = data["sites"]["movies"]["hosts"]["a.example"]
+    assert a["due"] == {"now": 2, "hour": 3, "day": 4}
+    assert a["leases"] == {"box:1:aa": 2}
+
+    table = scrapy("vertical-status", "--store", frontier_uri, "-s", offset)
+    assert table.returncode == 0, table.stderr
+    assert "site books" in table.stdout and "site movies" in table.stdout
+    assert "a.example" in table.stdout and "b.example" in table.stdout
+
+    missing = scrapy("vertical-status", "nosuchsite", "--store", frontier_uri)
+    assert missing.returncode == 1
+    assert "no records of site 'nosuchsite'" in missing.stderr

@@ -1,0 +1,193 @@
+"""What a frontier holds, per site and per host (``scrapy vertical-status``).
+
+Pure: :func:`summarize` folds URL records (from any backend's
+``iter_records``) into plain dicts that are the command's ``--json`` output
+and that :func:`render` lays out as a terminal table. Times are the caller's
+clock (``now``), so tests and ``VERTICAL_TIME_OFFSET`` replays agree with the
+crawl.
+
+What a summary holds (the same keys for a site's ``total`` and each host):
+
+* ``records``; ``states``: records per state;
+* ``due``: ``now``, ``hour``, ``day``: records (not in a terminal state)
+  whose ``next_fetch`` is at most now, now + 1 h, now + 1 d (cumulative);
+* ``delay``: ``p10``, ``median``, ``p90`` of the refetch delays of fetched
+  records, in seconds (None when nothing was fetched);
+* ``changes``: ``revisits`` (visits after the first), ``changed`` (those
+  that found a change), ``per_visit`` (their ratio), ``per_day`` (estimated
+  changes a day, summed over the records: Cho and Garcia-Molina's estimator
+  where the ``optimal`` schedule keeps its counts, else changes over revisits
+  spread over the current delay, a rough lower bound);
+* ``last_fetch``: the latest ``fetch_time`` (None when never);
+* ``errors``: records whose last answer was a 5xx, or that count failures
+  (``extra["failures"]``);
+* ``traps``: trap records by ``extra["trap"]`` reason;
+* ``leases``: live claims (``claim_until > now``) by owner.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from vertical.policies.estimate import cho_irregular, counts
+from vertical.record import STATES, TERMINAL_STATES, TRAP, URLRecord
+
+__all__ = ["format_duration", "render", "summarize"]
+
+HOUR = 3600.0
+DAY = 86400.0
+
+
+@dataclass(slots=True)
+class _Tally:
+    records: int = 0
+    states: Counter[str] = field(default_factory=Counter)
+    due: list[int] = field(default_factory=lambda: [0, 0, 0])
+    delays: list[float] = field(default_factory=list)
+    revisits: int = 0
+    changed: int = 0
+    per_day: float = 0.0
+    last_fetch: float | None = None
+    errors: int = 0
+    traps: Counter[str] = field(default_factory=Counter)
+    leases: Counter[str] = field(default_factory=Counter)
+
+    def add(self, r: URLRecord, now: float) -> None:
+        self.records += 1
+        self.states[r.state] += 1
+        if r.state not in TERMINAL_STATES:
+            for i, horizon in enumerate((now, now + HOUR, now + DAY)):
+                if r.next_fetch <= horizon:
+                    self.due[i] += 1
+        if r.visits:
+            self.delays.append(r.refetch_delay)
+            if self.last_fetch is None or r.fetch_time > self.last_fetch:
+                self.last_fetch = r.fetch_time
+            self.revisits += max(r.visits - 1, 0)
+            self.changed += r.changes
+            self.per_day += _rate(r) * DAY
+        if r.http_status >= 500 or r.extra.get("failures"):
+            self.errors += 1
+        if r.state == TRAP:
+            self.traps[str(r.extra.get("trap", "unknown"))] += 1
+        if r.claim_owner and r.claim_until > now:
+            self.leases[r.claim_owner] += 1
+
+    def result(self) -> dict[str, Any]:
+        delays = sorted(self.delays)
+        return {
+            "records": self.records,
+            "states": {s: self.states[s] for s in (*STATES, *sorted(set(self.states) - set(STATES)))
+                       if self.states[s]},
+            "due": dict(zip(("now", "hour", "day"), self.due)),
+            "delay": {"p10": _quantile(delays, 0.1), "median": _quantile(delays, 0.5),
+                      "p90": _quantile(delays, 0.9)},
+            "changes": {"revisits": self.revisits, "changed": self.changed,
+                        "per_visit": self.changed / self.revisits if self.revisits else None,
+                        "per_day": self.per_day},
+            "last_fetch": self.last_fetch,
+            "errors": self.errors,
+            "traps": dict(self.traps.most_common()),
+            "leases": dict(self.leases.most_common()),
+        }
+
+
+def _rate(r: URLRecord) -> float:
+    """Estimated changes per second of one fetched record."""
+    changed, unchanged, changed_time, unchanged_time = counts(r.extra)
+    if changed + unchanged:
+        return cho_irregular(changed, unchanged, changed_time, unchanged_time)
+    if r.visits > 1 and r.refetch_delay > 0:
+        return r.changes / ((r.visits - 1) * r.refetch_delay)
+    return 0.0
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile of sorted values (linear interpolation), None if empty."""
+    if not values:
+        return None
+    pos = q * (len(values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def summarize(records: Iterable[URLRecord], now: float) -> dict[str, dict[str, Any]]:
+    """``{site: {"total": summary, "hosts": {host: summary}}}``, sites and
+    hosts sorted by name; see the module docstring for a summary's keys."""
+    tallies: dict[str, tuple[_Tally, dict[str, _Tally]]] = {}
+    for record in records:
+        total, hosts = tallies.setdefault(record.site, (_Tally(), {}))
+        total.add(record, now)
+        host = hosts.get(record.host)
+        if host is None:
+            host = hosts[record.host] = _Tally()
+        host.add(record, now)
+    return {
+        site: {"total": total.result(), "hosts": {h: hosts[h].result() for h in sorted(hosts)}}
+        for site, (total, hosts) in sorted(tallies.items())
+    }
+
+
+# --- the terminal table -------------------------------------------------------
+
+
+def format_duration(seconds: float | None) -> str:
+    """``45s``, ``12m``, ``5.5h``, ``3d``: short and about two digits."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", DAY), ("h", HOUR), ("m", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g}{unit}"
+    return f"{seconds:.3g}s"
+
+
+def _ago(t: float | None, now: float) -> str:
+    if t is None:
+        return "never"
+    when = datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+    return f"{when} ({format_duration(max(now - t, 0.0))} ago)"
+
+
+_COLUMNS = ("HOST", "RECORDS", "STATES", "DUE NOW/1H/1D", "DELAY P10/MED/P90", "CHG/VISIT", "CHG/DAY",
+            "ERRORS", "TRAPS", "LEASES", "LAST FETCH")
+
+
+def _row(name: str, s: dict[str, Any], now: float) -> tuple[str, ...]:
+    d, c = s["delay"], s["changes"]
+    return (
+        name,
+        str(s["records"]),
+        " ".join(f"{k}:{v}" for k, v in s["states"].items()) or "-",
+        "/".join(str(s["due"][k]) for k in ("now", "hour", "day")),
+        "/".join(format_duration(d[k]) for k in ("p10", "median", "p90")),
+        "-" if c["per_visit"] is None else f"{c['per_visit']:.2f}",
+        f"{c['per_day']:.3g}",
+        str(s["errors"]),
+        str(sum(s["traps"].values())),
+        str(sum(s["leases"].values())),
+        _ago(s["last_fetch"], now),
+    )
+
+
+def render(summary: dict[str, dict[str, Any]], now: float) -> str:
+    """The summaries as aligned text: per site a table of its hosts and the
+    site's total, then trap reasons and lease holders when there are any."""
+    out: list[str] = []
+    for site, data in summary.items():
+        total = data["total"]
+        rows = [_COLUMNS, *(_row(h, s, now) for h, s in data["hosts"].items()), _row("(total)", total, now)]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+        out.append(f"site {site}: {total['records']} records, last fetch {_ago(total['last_fetch'], now)}")
+        for row in rows:
+            out.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if total["traps"]:
+            out.append("  traps: " + ", ".join(f"{k} {v}" for k, v in total["traps"].items()))
+        if total["leases"]:
+            out.append("  leases: " + ", ".join(f"{k} holds {v}" for k, v in total["leases"].items()))
+        out.append("")
+    return "\n".join(out)
