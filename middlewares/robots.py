@@ -1,0 +1,153 @@
+"""robots.txt for a crawl that runs for days (seed 001: "robots.txt"; RFC 9309).
+
+:class:`RobotsMiddleware` is Scrapy's ``RobotsTxtMiddleware`` (Protego by
+default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
+``politeness.robots``) with what a frontier crawl needs on top:
+
+- a host's robots.txt is fetched once and kept for ``VERTICAL_ROBOTS_TTL``
+  seconds, then fetched again before the host's next request;
+- its ``Crawl-delay`` (for our user agent) becomes the delay of the host's
+  download slot, capped at the site's ``politeness.crawl_delay_max`` and
+  never below the delay the slot had from the settings; it is kept in the
+  downloader's per-slot settings too, so a slot created later (or again,
+  after Scrapy's slot garbage collection) starts with it;
+- a 4xx answer ("unavailable") allows everything, whatever its body says;
+- a 5xx or 429 answer after Scrapy's retries, a timeout or a network error
+  ("unreachable") means the rules are unknown, so nothing of the host is
+  fetched: the host is postponed for ``VERTICAL_ROBOTS_POSTPONE`` seconds
+  (``scheduler.postpone_host``) and robots.txt is asked again after that;
+- a frontier URL that robots.txt disallows is recorded as ``forbidden``
+  (never selected again) and counted in ``vertical/robots/forbidden``.
+
+A request this middleware ignores with a frontier record has its record
+written back here (``scheduler.page_done``) and is ignored *without* the
+record in its meta, so that the spider's errback, which reschedules failed
+frontier fetches, leaves it alone. Requests without a frontier record get
+Scrapy's behaviour unchanged (apart from the expiry and the Crawl-delay).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet.defer import Deferred
+
+from vertical.config import PolitenessConfig
+from vertical.record import FORBIDDEN
+from vertical.scheduler import META_RECORD
+from vertical.urls import host_of
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from scrapy.robotstxt import RobotParser
+
+    from vertical.record import URLRecord
+
+logger = logging.getLogger(__name__)
+
+
+class RobotsMiddleware(RobotsTxtMiddleware):
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        settings = crawler.settings
+        self.ttl: float = settings.getfloat("VERTICAL_ROBOTS_TTL")
+        self.postpone: float = settings.getfloat("VERTICAL_ROBOTS_POSTPONE")
+        self._expires: dict[str, float] = {}  # netloc -> monotonic time its robots.txt expires
+        self._unreachable: dict[str, float] = {}  # netloc -> scheduler time the postponement ends
+        self._slot_delays: dict[str, float] = {}  # slot key -> its delay before any Crawl-delay
+
+    @property
+    def _scheduler(self) -> Any:
+        return self.crawler.engine.scheduler  # type: ignore[union-attr]
+
+    # -- requests -------------------------------------------------------------
+
+    async def robot_parser(self, request: Request) -> RobotParser | None:
+        netloc = urlparse_cached(request).netloc
+        expires = self._expires.get(netloc)
+        if expires is not None and expires <= time.monotonic() and not isinstance(self._parsers.get(netloc), Deferred):
+            # Scrapy keeps a parser for the whole crawl; ours are refetched.
+            del self._parsers[netloc], self._expires[netloc]
+            self._unreachable.pop(netloc, None)
+        return await super().robot_parser(request)
+
+    def process_request_2(self, rp: RobotParser | None, request: Request) -> None:
+        record: URLRecord | None = request.meta.get(META_RECORD)
+        if record is None:
+            super().process_request_2(rp, request)
+            return
+        until = self._unreachable.get(urlparse_cached(request).netloc)
+        if until is not None:
+            # Not fetched blind: back to the store, due when the host is.
+            record.next_fetch = until
+            self._settle(request, record)
+            self._stats.inc_value("vertical/robots/postponed")
+            raise IgnoreRequest("robots.txt unreachable: host postponed")
+        try:
+            super().process_request_2(rp, request)
+        except IgnoreRequest:
+            record.state = FORBIDDEN
+            self._settle(request, record)
+            self._stats.inc_value("vertical/robots/forbidden")
+            raise
+
+    def _settle(self, request: Request, record: URLRecord) -> None:
+        self._scheduler.page_done(record)
+        del request.meta[META_RECORD]
+
+    # -- robots.txt responses ---------------------------------------------------
+
+    async def _parse_robots(self, response: Response, netloc: str, request: Request) -> None:
+        status = response.status
+        if status >= 500 or status == 429:
+            self._mark_unreachable(netloc, f"answered {status}")
+        if status >= 400:
+            # 4xx: no rules (RFC 9309 2.3.1.3); 5xx: the frontier's requests
+            # wait (above), others get Scrapy's allow-all for a failed robots.txt.
+            response = response.replace(body=b"")
+        await super()._parse_robots(response, netloc, request)
+        if netloc not in self._unreachable:
+            self._expires[netloc] = time.monotonic() + self.ttl
+        rp = self._parsers[netloc]
+        if rp is not None:
+            self._apply_crawl_delay(rp, request)
+
+    def _robots_error(self, exc: Exception, netloc: str) -> None:
+        super()._robots_error(exc, netloc)
+        if isinstance(exc, IgnoreRequest):  # robots.txt itself not to be fetched: Scrapy allows all
+            self._expires[netloc] = time.monotonic() + self.ttl
+        else:
+            self._mark_unreachable(netloc, f"failed: {exc!r}")
+
+    def _mark_unreachable(self, netloc: str, why: str) -> None:
+        scheduler = self._scheduler
+        self._expires[netloc] = time.monotonic() + self.postpone
+        self._unreachable[netloc] = scheduler.now() + self.postpone
+        scheduler.postpone_host(host_of(f"//{netloc}"), self.postpone)
+        logger.warning("robots.txt of %s %s: host postponed for %gs", netloc, why, self.postpone)
+
+    def _apply_crawl_delay(self, rp: RobotParser, request: Request) -> None:
+        useragent = self._robotstxt_useragent or request.headers.get(b"User-Agent", self._default_useragent)
+        crawl_delay = rp.crawl_delay(useragent)
+        downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
+        key = downloader.get_slot_key(request)
+        if crawl_delay is None and key not in self._slot_delays:
+            return
+        configured = downloader.per_slot_settings.get(key, {})
+        base = self._slot_delays.setdefault(
+            key, configured.get("delay", self.crawler.settings.getfloat("DOWNLOAD_DELAY"))
+        )
+        site = getattr(self._scheduler, "site", None)
+        cap = (site.politeness if site is not None else PolitenessConfig()).crawl_delay_max
+        delay = max(base, min(crawl_delay or 0.0, cap))
+        downloader.per_slot_settings[key] = {**configured, "delay": delay}
+        if (slot := downloader.slots.get(key)) is not None:
+            slot.delay = delay
+

@@ -1,0 +1,195 @@
+"""Duplicate pages (seed 004: "exact duplicates by content hash, near-duplicates
+by shingling; do not extract links from a duplicate twice"), pure functions.
+
+What is compared is a page's *content stream*: the text nodes and the raw
+``href`` values of its links, in document order, taken from ``<main>`` when the
+page has one and otherwise from ``<body>`` without ``<nav>``, ``<footer>`` and
+``<aside>`` (and never from ``<script>``, ``<style>``, ``<noscript>`` or
+``<template>``). Why not the raw bytes, nor all the text:
+
+- boilerplate that changes on every fetch (a "generated at" footer, a
+  rotating ad, a session token in a form) would make every copy of a page
+  unique; the HTML5 landmarks above are where most sites put it;
+- a duplicate's links are not followed, so two pages are duplicates only when
+  following the links of the second would find nothing new: the hrefs are
+  part of the content. Raw hrefs, not resolved ones, so that a mirror whose
+  relative links point into itself (``/one/page`` and ``/two/page`` both
+  linking ``child``) is still recognised as a copy.
+
+:func:`content_hash` is a 64-bit hash of that stream with whitespace collapsed;
+:func:`simhash` is Charikar's 64-bit simhash over word 4-shingles of it, lower
+cased. :class:`DuplicateIndex` finds, among the pages it holds, one with the
+same content hash, or else one whose simhash is within a Hamming distance
+``threshold``, through ``threshold + 1`` bands of the simhash (two hashes
+within ``threshold`` bits agree on at least one band, by pigeonhole), so a
+lookup reads a few buckets, never every page.
+
+No I/O and no Scrapy: the downloader middleware selects the stream with
+:data:`CONTENT_XPATH` and hands over the strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "CONTENT_XPATH",
+    "MIN_SHINGLES",
+    "SHINGLE",
+    "DuplicateIndex",
+    "Match",
+    "content_hash",
+    "page_hashes",
+    "simhash",
+]
+
+_NOT_CONTENT = "ancestor::script or ancestor::style or ancestor::noscript or ancestor::template"
+_BOILERPLATE = "ancestor::nav or ancestor::footer or ancestor::aside"
+#: The content stream of an HTML page (see the module docstring), in document order.
+CONTENT_XPATH = (
+    f"(//main//text()[not({_NOT_CONTENT})] | //main//a/@href)"
+    f" | (/html/body[not(.//main)]//text()[not({_NOT_CONTENT} or {_BOILERPLATE})]"
+    f" | /html/body[not(.//main)]//a[not({_BOILERPLATE})]/@href)"
+)
+#: Words per shingle.
+SHINGLE = 4
+#: Fewer shingles than this: no simhash. A few words more or less flip too
+#: many bits of a short page's simhash for its distance to mean anything, and
+#: short pages that differ by one word (month 1 and month 2 of a calendar,
+#: page 1 and page 2 of a listing) are not copies of each other.
+MIN_SHINGLES = 32
+
+_WORD = re.compile(r"\w+")
+_MASK = (1 << 64) - 1
+# Bit counts of many 64-bit hashes summed in one big integer: bit i of each
+# hash goes to a lane of _LANE bits at position i * _LANE (enough for 2**24
+# shingles, far more than DOWNLOAD_MAXSIZE allows).
+_LANE = 24
+_SPREAD = [sum(((b >> i) & 1) << (_LANE * i) for i in range(8)) for b in range(256)]
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+
+
+def content_hash(parts: Iterable[str]) -> int | None:
+    """A 64-bit hash of the content stream with runs of whitespace collapsed,
+    stable across processes and versions; None when it holds no text."""
+    text = " ".join(" ".join(parts).split())
+    return _hash64(text) if text else None
+
+
+def simhash(parts: Iterable[str]) -> int | None:
+    """Charikar's 64-bit simhash of the lower-cased word :data:`SHINGLE`-shingles
+    of the content stream (each distinct shingle weighs 1); None when there are
+    fewer than :data:`MIN_SHINGLES` of them."""
+    words = _WORD.findall(" ".join(parts).lower())
+    shingles = {" ".join(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)}
+    if len(shingles) < MIN_SHINGLES:
+        return None
+    counts = 0
+    for shingle in shingles:
+        h = _hash64(shingle)
+        counts += sum(_SPREAD[(h >> (8 * k)) & 0xFF] << (8 * _LANE * k) for k in range(8))
+    lane = (1 << _LANE) - 1
+    half = len(shingles)
+    # Bit i is set when more than half of the shingle hashes have it set.
+    return sum(1 << i for i in range(64) if 2 * ((counts >> (_LANE * i)) & lane) > half)
+
+
+def page_hashes(parts: Iterable[str], near: bool = True) -> tuple[int | None, int | None]:
+    """``(content_hash(parts), simhash(parts) if near else None)``."""
+    parts = list(parts)
+    return content_hash(parts), simhash(parts) if near else None
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A page found in the index: its key, and the Hamming distance of the
+    simhashes (0 and ``exact`` for the same content hash)."""
+
+    key: int
+    exact: bool
+    distance: int = 0
+
+
+class DuplicateIndex:
+    """The content hashes and simhashes of a set of pages, keyed by an int
+    (the URL fingerprint), each key held once.
+
+    ``threshold`` is the largest Hamming distance of near duplicates; None
+    keeps exact duplicates only.
+    """
+
+    def __init__(self, threshold: int | None = 3) -> None:
+        if threshold is not None and not 0 <= threshold < 64:
+            raise ValueError("threshold must be in 0..63")
+        self.threshold = threshold
+        bands = 0 if threshold is None else threshold + 1
+        width = 64 // bands if bands else 0
+        # (shift, mask) of each band; the last one takes the remaining bits.
+        self._bands = [(i * width, (1 << (width if i < bands - 1 else 64 - i * width)) - 1) for i in range(bands)]
+        self._buckets: list[dict[int, set[int]]] = [{} for _ in self._bands]
+        self._content: dict[int, set[int]] = {}
+        self._pages: dict[int, tuple[int | None, int | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._pages
+
+    def add(self, key: int, content: int | None, simhash: int | None = None) -> None:
+        """Hold page ``key`` with these hashes, replacing what it held before."""
+        self.discard(key)
+        self._pages[key] = (content, simhash)
+        if content is not None:
+            self._content.setdefault(content, set()).add(key)
+        if simhash is not None:
+            for (shift, mask), buckets in zip(self._bands, self._buckets, strict=True):
+                buckets.setdefault((simhash >> shift) & mask, set()).add(key)
+
+    def discard(self, key: int) -> None:
+        """Forget page ``key`` (no error when it is not held)."""
+        held = self._pages.pop(key, None)
+        if held is None:
+            return
+        content, simhash = held
+        if content is not None:
+            _remove(self._content, content, key)
+        if simhash is not None:
+            for (shift, mask), buckets in zip(self._bands, self._buckets, strict=True):
+                _remove(buckets, (simhash >> shift) & mask, key)
+
+    def find(self, content: int | None, simhash: int | None = None, *, exclude: int | None = None) -> Match | None:
+        """A held page other than ``exclude`` with the same content hash (the
+        smallest key), else the nearest one within ``threshold`` bits (ties:
+        the smallest key), else None."""
+        same = self._content.get(content, ()) if content is not None else ()
+        exact = min((k for k in same if k != exclude), default=None)
+        if exact is not None:
+            return Match(exact, exact=True)
+        if simhash is None or self.threshold is None:
+            return None
+        candidates: set[int] = set()
+        for (shift, mask), buckets in zip(self._bands, self._buckets, strict=True):
+            candidates.update(buckets.get((simhash >> shift) & mask, ()))
+        candidates.discard(exclude)  # type: ignore[arg-type]
+        best = min(
+            ((((simhash ^ self._pages[k][1]) & _MASK).bit_count(), k) for k in candidates),  # type: ignore[operator]
+            default=None,
+        )
+        if best is None or best[0] > self.threshold:
+            return None
+        return Match(best[1], exact=False, distance=best[0])
+
+
+def _remove(buckets: dict[int, set[int]], value: int, key: int) -> None:
+    bucket = buckets.get(value)
+    if bucket is not None:
+        bucket.discard(key)
+        if not bucket:
+            del buckets[value]
