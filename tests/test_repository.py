@@ -158,7 +158,6 @@ def test_warc_and_mirror_over_two_crawls(demo, tmp_path):
     assert {r.rec_headers.get_header("WARC-Profile") for r in not_modified} == {NOT_MODIFIED_PROFILE}
 
 
-
 def test_off_unless_configured(demo, tmp_path):
     site = site_file(tmp_path, demo.url)
     result = crawl(site, tmp_path / "f.sqlite3", tmp_path, settings={"EXTENSIONS": EXTENSIONS})
