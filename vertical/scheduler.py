@@ -29,7 +29,7 @@ import os
 import socket
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -180,10 +180,12 @@ class FrontierScheduler(BaseScheduler):
         return None
 
     def has_pending_requests(self) -> bool:
-        if self._direct or self._discovered or any(self._queues.values()):
+        if self._direct:
             return True
         if self.budget_exhausted:
-            return False
+            return False  # what is still queued is released on close
+        if self._discovered or any(self._queues.values()):
+            return True
         if self.continuous:
             return True
         now = time.monotonic()
@@ -249,10 +251,24 @@ class FrontierScheduler(BaseScheduler):
         """Leave a host alone for a while (its robots.txt answered 5xx or timed
         out): its queued records go back to the store for later."""
         self._postponed[host] = self.now() + seconds
+        self._release_host(host)
+        self.stats.inc_value("vertical/host/postponed")
+
+    def _wants(self, host: str, taking: int) -> bool:
+        """Keep a new URL for this process? Only while its host queue is short:
+        the rest stays unclaimed in the store, for any process to take."""
+        if host in self._postponed or self._capped(host):
+            return False
+        return len(self._queues.get(host, ())) + taking < self.batch
+
+    def _capped(self, host: str) -> bool:
+        cap = self.site.traps.max_pages_per_host
+        return bool(cap) and self._per_host.get(host, 0) >= cap
+
+    def _release_host(self, host: str) -> None:
         queue = self._queues.pop(host, [])
         if queue:
             self.frontier.release(self.site.name, self.owner, [r.fingerprint for *_, r in queue])
-        self.stats.inc_value("vertical/host/postponed")
 
     def records_for(self, fingerprints: Iterable[int]) -> dict[int, URLRecord]:
         """Current records of these URLs (for policies that update outlinks)."""
@@ -272,14 +288,12 @@ class FrontierScheduler(BaseScheduler):
             slot = slots.get(host)
             if slot is not None and len(slot.active) >= slot.concurrency:
                 continue  # the host is busy; serve the next one
-            cap = self.site.traps.max_pages_per_host
-            if cap and self._per_host.get(host, 0) >= cap:
-                if self._per_host[host] == cap:
-                    self._per_host[host] += 1
-                    self.stats.inc_value("vertical/trap/host_page_cap")
-                continue  # its claims are released when the crawl closes
-            self._per_host[host] = self._per_host.get(host, 0) + 1
             record = heapq.heappop(queue)[2]
+            fetched = self._per_host[host] = self._per_host.get(host, 0) + 1
+            if fetched == self.site.traps.max_pages_per_host:
+                # The host's page cap for this run: the rest waits for the next.
+                self._release_host(host)
+                self.stats.inc_value("vertical/trap/host_page_cap")
             self._inflight[record.fingerprint] = record
             self._handed_out += 1
             self.stats.inc_value("vertical/scheduler/dequeued")
@@ -298,8 +312,7 @@ class FrontierScheduler(BaseScheduler):
         self._postponed = {h: t for h, t in self._postponed.items() if t > now}
         busy = [h for h, q in self._queues.items() if len(q) >= self.batch]
         busy += list(self._postponed)
-        cap = self.site.traps.max_pages_per_host
-        if cap:
+        if cap := self.site.traps.max_pages_per_host:
             busy += [h for h, n in self._per_host.items() if n >= cap]
         records = self.frontier.claim_due(
             self.site.name, self.owner, self.now(), self.lease, self.batch, self.lane,
@@ -324,7 +337,9 @@ class FrontierScheduler(BaseScheduler):
         site, now = self.site.name, self.now()
         new, known = self.seen.check_many(batch)
         take = claim and self.lane.new_urls and not self.budget_exhausted
-        taken, left = [], []
+        taken: list[URLRecord] = []
+        left: list[URLRecord] = []
+        taken_per_host: Counter[str] = Counter()
         for fp in new:
             url, host, level, parent, _ = batch[fp]
             record = URLRecord(url=url, fingerprint=fp, site=site, host=host, level=level, state=NEW)
@@ -340,8 +355,9 @@ class FrontierScheduler(BaseScheduler):
                 record.next_fetch = now + self.schedule.initial
                 self.stats.inc_value("vertical/trap/host_guard")
                 left.append(record)
-            elif take and host not in self._postponed:
+            elif take and self._wants(host, taken_per_host[host]):
                 taken.append(record)
+                taken_per_host[host] += 1
             else:
                 left.append(record)
         inserted = self.frontier.add(taken, claim_owner=self.owner, claim_until=now + self.lease)
