@@ -42,7 +42,20 @@ SCHEDULER = "vertical.scheduler.FrontierScheduler"
 EXTENSIONS = {
     "vertical.extensions.StatsFile": 0,
     "middlewares.dns.DNSCacheStats": 0,
+    "vertical.progress.CrawlProgress": 0,
+    "pipelines.repository.WarcWriter": 0,
+    "pipelines.repository.PageMirror": 0,
 }
+
+# -- page repository and monitoring ----------------------------------------------
+# WARC files of every fetched page (revisits for unchanged ones), rotated at
+# this many bytes; None = off. (pipelines/repository.py)
+VERTICAL_WARC_DIR = None
+VERTICAL_WARC_MAX_SIZE = 1_000_000_000
+# Latest copy of each page as a file, gone pages under archive/; None = off.
+VERTICAL_MIRROR_DIR = None
+# Seconds between progress lines (pages/min, due backlog, ETA); 0 = off.
+VERTICAL_PROGRESS_INTERVAL = 60
 
 DOWNLOADER_MIDDLEWARES = {
     "middlewares.conditional.ConditionalRequestMiddleware": 560,
