@@ -1,0 +1,171 @@
+"""robots.txt as the server sees it: disallowed paths, Crawl-delay, 4xx and 5xx answers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.crawling import crawl, site_file
+from vertical.demo.server import serve
+from vertical.demo.site import DemoSite
+from vertical.frontier.sqlite import SQLiteFrontier
+
+# Every link of the demo site followed (not only those in <main>), so that
+# /about's link to /private/secret is found and only robots.txt keeps it out.
+FOLLOW_ALL = {"allow": [], "deny": [], "restrict_xpaths": [], "max_depth": 2}
+SLACK = 0.005  # seconds: the server's clock reads arrivals, Scrapy's its sends
+
+
+def records(store: Path, site: str) -> dict[str, object]:
+    frontier = SQLiteFrontier(store)
+    try:
+        return {"/" + r.url.split("/", 3)[3]: r for r in frontier.iter_records(site)}
+    finally:
+        frontier.close()
+
+
+def test_disallowed_paths_are_never_requested(tmp_path):
+    with serve(DemoSite(seed=0)) as demo:
+        site = site_file(tmp_path, demo.url, follow=FOLLOW_ALL)
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+        assert [r["path"] for r in demo.requests if r["path"] == "/robots.txt"] == ["/robots.txt"]
+        assert not [r for r in demo.requests if r["path"].startswith(("/private/", "/_demo/"))]
+    assert result.stat("vertical/robots/forbidden") == 1
+    secret = records(tmp_path / "f.sqlite3", "demo")["/private/secret"]
+    assert secret.state == "forbidden" and secret.visits == 0
+    assert result.stat("vertical/pages/failed") == 0
+
+
+def test_crawl_delay_spaces_requests_at_the_server(tmp_path):
+    with serve(DemoSite(seed=0, crawl_delay=0.5)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0, "concurrency": 1})
+        crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"pages": 6})
+        arrivals = [r["t"] for r in demo.requests]
+    assert len(arrivals) == 7  # robots.txt and six pages
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert min(gaps) >= 0.5 - SLACK, gaps
+
+
+def test_crawl_delay_is_capped_by_the_site(tmp_path):
+    with serve(DemoSite(seed=0, crawl_delay=60)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0, "concurrency": 1, "crawl_delay_max": 0.3})
+        crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"pages": 4})
+        arrivals = [r["t"] for r in demo.requests]
+    assert len(arrivals) == 5
+    assert min(b - a for a, b in zip(arrivals, arrivals[1:])) >= 0.3 - SLACK
+
+
+# -- a robots.txt that is missing or broken -----------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        server: SmallSite = self.server  # type: ignore[assignment]
+        server.log.append(self.path)
+        status, body = server.pages.get(self.path, (404, b"not found"))
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain" if self.path == "/robots.txt" else "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class SmallSite(ThreadingHTTPServer):
+    """A loopback site of fixed pages (path -> (status, body)) with a log of requested paths."""
+
+    daemon_threads = True
+
+    def __init__(self, pages: dict[str, tuple[int, bytes]]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.pages = pages
+        self.log: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@contextmanager
+def small_site(pages: dict[str, tuple[int, bytes]]) -> Iterator[SmallSite]:
+    server = SmallSite(pages)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def html(*links: str) -> bytes:
+    return ("<html><body><p>page</p>" + "".join(f'<a href="{u}">{u}</a>' for u in links) + "</body></html>").encode()
+
+
+# What a 4xx or 5xx body must not be read as.
+DISALLOW_ALL = b"User-agent: *\nDisallow: /\n"
+PAGES = {"/": (200, html("/a", "/b")), "/a": (200, html()), "/b": (200, html())}
+
+
+def _site(tmp_path: Path, server: SmallSite, **politeness: float) -> Path:
+    return site_file(tmp_path, server.url, name="small", follow={"allow": [], "deny": [], "restrict_xpaths": []},
+                     documents=[], politeness={"delay": 0, "concurrency": 1, **politeness})
+
+
+@pytest.mark.parametrize("status", [403, 404])
+def test_4xx_robots_txt_allows_everything(tmp_path, status):
+    with small_site({**PAGES, "/robots.txt": (status, DISALLOW_ALL)}) as server:
+        result = crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
+    assert sorted(server.log) == ["/", "/a", "/b", "/robots.txt"]
+    assert result.stat("vertical/robots/forbidden") == 0
+
+
+def test_5xx_robots_txt_postpones_the_host(tmp_path):
+    store = tmp_path / "f.sqlite3"
+    with small_site({**PAGES, "/robots.txt": (503, DISALLOW_ALL)}) as server:
+        site = _site(tmp_path, server)
+        before = time.time()
+        result = crawl(site, store, tmp_path, settings={"VERTICAL_ROBOTS_POSTPONE": 7200})
+        # Scrapy's retries of robots.txt, and not one page.
+        assert set(server.log) == {"/robots.txt"}
+        assert result.stat("vertical/host/postponed") == 1
+        assert result.stat("vertical/robots/postponed") == 1
+        assert result.stat("vertical/pages/failed") == 0
+        (entry,) = records(store, "small").values()
+        assert entry.state == "new" and entry.visits == 0 and not entry.claim_owner
+        assert entry.next_fetch >= before + 7200
+
+        # A new run asks robots.txt again (the entry URL is made due), still no page.
+        server.log.clear()
+        crawl(site, store, tmp_path, tag="2")
+        assert set(server.log) == {"/robots.txt"}
+        # Two hours later the host is due, and robots.txt answers.
+        server.log.clear()
+        server.pages["/robots.txt"] = (200, b"User-agent: *\nDisallow: /b\n")
+        crawl(site, store, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": 7300})
+        assert sorted(server.log) == ["/", "/a", "/robots.txt"]
+
+
+def test_robots_txt_is_fetched_again_after_its_ttl(tmp_path):
+    # A chain of pages, each linking the next: one request at a time, 0.2 s apart.
+    chain = {f"/{i}": (200, html(f"/{i + 1}")) for i in range(12)}
+    with small_site({**chain, "/robots.txt": (200, b"User-agent: *\nDisallow: /private/\n")}) as server:
+        site = site_file(tmp_path, server.url, start_urls=[server.url + "/0"], name="small", follow={"allow": [], "deny": [],
+                         "restrict_xpaths": []}, documents=[], politeness={"delay": 0.2, "concurrency": 1})
+        crawl(site, tmp_path / "f.sqlite3", tmp_path, settings={"VERTICAL_ROBOTS_TTL": 0.5})
+    robots = server.log.count("/robots.txt")
+    # Twelve pages 0.2 s apart take over 2 s: robots.txt expired and was
+    # fetched again, but not for every page.
+    assert 2 <= robots < 12, server.log
+    assert server.log.count("/10") == 1  # max_depth 10, from the demo config
