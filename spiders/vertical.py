@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -27,21 +28,49 @@ from middlewares.dns import prefetch
 from pipelines.frontier import FrontierPipeline, PageOutcome
 from vertical.changes import diff_page
 from vertical.config import ConfigError, load_site
-from vertical.extract import extract_links, extract_records, match_rule
+from vertical.extract import Record, extract_links, extract_records, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
-from vertical.scheduler import META_DUPLICATE, META_LEVEL, META_PARENT, META_RECORD, META_SEED
+from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_PARENT, META_RECORD, META_SEED
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
-    from vertical.config import SiteConfig
+    from vertical.config import DocumentRule, SecondStage, SiteConfig
 
 logger = logging.getLogger(__name__)
 
 GONE_STATUSES = (404, 410)
+META_COMPOSITE = "vertical.composite"
+META_STAGE_URL = "vertical.stage_url"
+
+
+@dataclass(slots=True, eq=False)
+class CompositePage:
+    """A document page waiting for its second-stage resources."""
+
+    record: URLRecord
+    rule: DocumentRule
+    response: Response
+    records: list[Record]
+    links: list[Request]
+    waiting: int
+    urls: dict[str, str] = field(default_factory=dict)  # record key -> resource URL
+    checksums: dict[str, int] = field(default_factory=dict)  # resource URL -> checksum
+    failed: bool = False
+
+
+def resource_checksum(response: Response, stage: SecondStage | None) -> int:
+    """CRC32 of a second-stage resource: its body, or for large binaries
+    fetched with HEAD or a range, its validators (and the bytes read)."""
+    method = stage.method if stage else "get"
+    if method == "get":
+        return zlib.crc32(response.body)
+    validators = b"|".join(response.headers.get(h) or b""
+                           for h in (b"ETag", b"Last-Modified", b"Content-Length", b"Content-Range"))
+    return zlib.crc32(validators + (response.body if method == "range" else b""))
 
 
 def apply_site_settings(site: SiteConfig, settings: Any) -> None:
@@ -136,13 +165,26 @@ class VerticalSpider(Spider):
         result = extract_records(rule, response, record.url)
         if result.skipped:
             self.crawler.stats.inc_value("vertical/extract/skipped", len(result.skipped))
-        diff = diff_page(record.docs, result.records)
-        items = [self._item(record, k, diff.docs[k], fetched_at, "new") for k in diff.new]
-        items += [self._item(record, k, diff.docs[k], fetched_at, "changed") for k in diff.changed]
-        items += [self._item(record, k, doc, fetched_at, "gone") for k, doc in diff.gone.items()]
         yield from links
-        yield from self._finish(record, PageOutcome(response, checksum=diff.checksum, diff=diff, links=links),
-                                items)
+        if rule.fetch is not None and (stage := self._second_stage(record, rule, response, result.records, links)):
+            yield from stage
+            return
+        yield from self._document_page(record, response, result.records, links, fetched_at)
+
+    def parse_second_stage(self, response: Response) -> Iterator[Any]:
+        """A composite document's second resource; the document is emitted
+        once every resource of its page has answered."""
+        page: CompositePage = response.meta[META_COMPOSITE]
+        if response.status >= 400:
+            page.failed = True
+        else:
+            page.checksums[response.meta[META_STAGE_URL]] = resource_checksum(response, page.rule.fetch)
+        yield from self._second_stage_done(page)
+
+    def second_stage_failed(self, failure: Failure) -> Iterator[Any]:
+        page: CompositePage = failure.request.meta[META_COMPOSITE]  # type: ignore[attr-defined]
+        page.failed = True
+        yield from self._second_stage_done(page)
 
     def on_error(self, failure: Failure) -> None:
         """Network errors and 5xx after Scrapy's retries: rescheduled, never gone."""
@@ -152,6 +194,61 @@ class VerticalSpider(Spider):
             self.frontier_pipeline.page_failed(record, failure)
 
     # -- helpers ------------------------------------------------------------------
+
+    def _document_page(self, record: URLRecord, response: Response, records: list[Record],
+                       links: list[Request], fetched_at: str) -> Iterator[Any]:
+        diff = diff_page(record.docs, records)
+        items = [self._item(record, k, diff.docs[k], fetched_at, "new") for k in diff.new]
+        items += [self._item(record, k, diff.docs[k], fetched_at, "changed") for k in diff.changed]
+        items += [self._item(record, k, doc, fetched_at, "gone") for k, doc in diff.gone.items()]
+        yield from self._finish(record, PageOutcome(response, checksum=diff.checksum, diff=diff, links=links),
+                                items)
+
+    def _second_stage(self, record: URLRecord, rule: DocumentRule, response: TextResponse,
+                      records: list[Record], links: list[Request]) -> list[Request]:
+        stage = rule.fetch
+        assert stage is not None
+        urls: dict[str, str] = {}
+        for rec in records:
+            value = rec.fields.get(stage.field)
+            if isinstance(value, str) and value:
+                urls.setdefault(rec.key, response.urljoin(value))
+        if not urls:
+            return []
+        page = CompositePage(record, rule, response, records, links, waiting=len(set(urls.values())))
+        page.urls = urls
+        self.crawler.stats.inc_value("vertical/composite/pending")
+        requests = []
+        for url in sorted(set(urls.values())):
+            headers = {"Range": f"bytes=0-{stage.range_bytes - 1}"} if stage.method == "range" else None
+            requests.append(Request(
+                url, method="HEAD" if stage.method == "head" else "GET", headers=headers,
+                callback=self.parse_second_stage, errback=self.second_stage_failed, dont_filter=True,
+                # Direct requests go ahead of the frontier: half-built
+                # documents finish first (seed 001).
+                meta={META_DIRECT: True, META_COMPOSITE: page, META_STAGE_URL: url,
+                      "handle_httpstatus_all": True},
+            ))
+        return requests
+
+    def _second_stage_done(self, page: CompositePage) -> Iterator[Any]:
+        page.waiting -= 1
+        if page.waiting > 0:
+            return
+        if page.failed:
+            # Never emitted half-built: the page stays as it was, due again soon.
+            self.crawler.stats.inc_value("vertical/composite/failed")
+            self.frontier_pipeline.page_failed(page.record, Failure(RuntimeError("second stage failed")))
+            return
+        field = page.rule.fetch.field  # type: ignore[union-attr]
+        records = [
+            Record(rec.document, rec.key, {**rec.fields, f"{field}_checksum": page.checksums[page.urls[rec.key]]})
+            if rec.key in page.urls else rec
+            for rec in page.records
+        ]
+        self.crawler.stats.inc_value("vertical/composite/complete")
+        fetched_at = datetime.now(UTC).isoformat(timespec="seconds")
+        yield from self._document_page(page.record, page.response, records, page.links, fetched_at)
 
     def _links(self, response: TextResponse, record: URLRecord) -> list[Request]:
         max_depth = self.site.follow.max_depth

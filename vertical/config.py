@@ -108,6 +108,22 @@ class DocumentRule:
     key: str | None
     fields: dict[str, FieldSpec]
     required: tuple[str, ...] = ()
+    fetch: SecondStage | None = None
+
+
+@dataclass(frozen=True)
+class SecondStage:
+    """Composite documents (seed 001): the URL in ``field`` is fetched as a
+    second stage before the document is complete; the resource's checksum
+    (``get``: CRC32 of the body; ``head``: of its validators; ``range``: of the
+    first ``range_bytes`` and the total length) becomes part of the document."""
+
+    field: str
+    method: str = "get"  # get | head | range
+    range_bytes: int = 65536
+
+
+SECOND_STAGE_METHODS = ("get", "head", "range")
 
 
 @dataclass(frozen=True)
@@ -328,7 +344,8 @@ _CSS = HTMLTranslator()
 # An absolute location path: at the start, or right after "(", "," or "|".
 _ABSOLUTE_XPATH_RE = re.compile(r"(?:^|[(,|])\s*/")
 _FIELD_KEYS = ("xpath", "css", "regex", "many", "join", "strip")
-_DOCUMENT_KEYS = ("name", "match", "each", "key", "fields", "required")
+_DOCUMENT_KEYS = ("name", "match", "each", "key", "fields", "required", "fetch")
+_FETCH_KEYS = ("field", "method", "range_bytes")
 _TOP_KEYS = (
     "name",
     "start_urls",
@@ -585,7 +602,27 @@ class _SiteParser:
                 self.fail(fpath, f"{fname!r} is not one of the fields ({', '.join(fields)})")
 
         required = self.checked_strings(doc.get("required"), _join(path, "required"), known_field)
-        return DocumentRule(name=name, match=match, each=each, key=key, fields=fields, required=required)
+        fetch = None
+        if doc.get("fetch") is not None:
+            fetch = self.second_stage(doc["fetch"], _join(path, "fetch"), known_field)
+        return DocumentRule(name=name, match=match, each=each, key=key, fields=fields, required=required,
+                            fetch=fetch)
+
+    def second_stage(self, value: Any, path: str, known_field: Callable[[str, str], None]) -> SecondStage:
+        if isinstance(value, str):  # `fetch: trailer` names the field
+            value = {"field": value}
+        spec = self.mapping(value, path, _FETCH_KEYS)
+        if spec.get("field") is None:
+            self.fail(_join(path, "field"), "missing: the field whose value is the URL to fetch")
+        field_name = self.string(spec["field"], _join(path, "field"))
+        known_field(field_name, _join(path, "field"))
+        method = self.read(spec, path, "method", self.string, "get")
+        if method not in SECOND_STAGE_METHODS:
+            self.fail(_join(path, "method"), f"{method!r} is not one of {', '.join(SECOND_STAGE_METHODS)}")
+        range_bytes = self.read(spec, path, "range_bytes", self.integer, 65536)
+        if range_bytes < 1:
+            self.fail(_join(path, "range_bytes"), "must be at least 1")
+        return SecondStage(field=field_name, method=method, range_bytes=range_bytes)
 
     def field_spec(self, name: str, value: Any, path: str, *, relative: bool) -> FieldSpec:
         if isinstance(value, str):  # a bare string is an XPath
