@@ -125,6 +125,7 @@ class FrontierPipeline:
             self._count("pages/new" if first else "pages/changed" if changed else "pages/unchanged")
             record.state = FETCHED
             record.extra.pop("duplicate_of", None)
+            record.extra.pop("failures", None)
             record.checksum = outcome.checksum
             record.etag = _header(response, b"ETag") or record.etag
             record.last_modified = _header(response, b"Last-Modified") or record.last_modified
@@ -140,6 +141,7 @@ class FrontierPipeline:
 
     def page_failed(self, record: URLRecord, failure: Failure) -> None:
         self._count("pages/failed")
+        record.extra["failures"] = record.extra.get("failures", 0) + 1
         logger.debug("Fetch of %s failed: %s", record.url, failure.value)
         self.scheduler.page_failed(record)
 

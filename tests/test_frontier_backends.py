@@ -526,3 +526,10 @@ def test_redis_restart_mid_sequence_loses_nothing(tmp_path):
         killed.set()
         thread.join(5)
         server.close()
+
+
+def test_count_due_counts_what_is_due(frontier):
+    frontier.add([rec(1, next_fetch=NOW - 5), rec(2, next_fetch=NOW - 1), rec(3, next_fetch=NOW + 60)])
+    assert frontier.count_due(SITE, NOW) == 2
+    assert frontier.count_due(SITE, NOW + 61) == 3
+    assert frontier.count_due("other", NOW) == 0

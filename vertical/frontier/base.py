@@ -117,6 +117,13 @@ class Frontier(ABC):
         with ``fetched_before``, records fetched since then do not count."""
 
     @abstractmethod
+    def count_due(self, site: str, now: float, lane: Lane = ALL,
+                  fetched_before: float | None = None) -> int:
+        """About how many records of the lane are due now: a backlog figure
+        for progress and status. Leases are ignored; a backend where the lane
+        filter would cost a scan may count every due record instead."""
+
+    @abstractmethod
     def iter_records(self, site: str | None = None) -> Iterator[URLRecord]:
         """Every record (of one site), in no particular order."""
 

@@ -597,6 +597,12 @@ class RedisFrontier(Frontier):
             offset, best = int(reply[0]), reply[1].decode()
         return float(best) if best else None
 
+    def count_due(self, site: str, now: float, lane: Lane = ALL,
+                  fetched_before: float | None = None) -> int:
+        # Every due record: filtering by lane would walk the due set.
+        due = self._keys(site)[1]
+        return int(self._retry(lambda _: self.client.zcount(due, "-inf", _float(now))))
+
     def iter_records(self, site: str | None = None) -> Iterator[URLRecord]:
         for name in [site] if site is not None else self.sites():
             urls, _, _, lease = self._keys(name)

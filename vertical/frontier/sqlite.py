@@ -334,6 +334,19 @@ class SQLiteFrontier(Frontier):
         )
         return row[0][0] if row and row[0][0] is not None else None
 
+    def count_due(self, site: str, now: float, lane: Lane = ALL,
+                  fetched_before: float | None = None) -> int:
+        lane_sql, params = _lane_clause(lane, now)
+        extra = ""
+        if fetched_before is not None:
+            extra = " AND fetch_time < ?"
+            params.append(fetched_before)
+        return self._read(
+            f"SELECT COUNT(*) FROM urls INDEXED BY urls_due WHERE site = ? "
+            f"AND state IN ({', '.join('?' * len(_CLAIMABLE_STATES))}) AND {lane_sql}{extra}",
+            (site, *_CLAIMABLE_STATES, *params),
+        )[0][0]
+
     def iter_records(self, site: str | None = None) -> Iterator[URLRecord]:
         sql = f"SELECT {', '.join(_COLUMNS)} FROM urls"
         params: tuple[Any, ...] = ()
