@@ -89,5 +89,5 @@ class DuplicateContentMiddleware:
             return response
         self.index.discard(record.fingerprint)
         self.stats.inc_value("vertical/duplicate/exact" if match.exact else "vertical/duplicate/near")
-        response.meta[META_DUPLICATE] = match.key
+        request.meta[META_DUPLICATE] = match.key  # the response is not tied to its request yet
         return response

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,9 +72,16 @@ class _Handler(BaseHTTPRequestHandler):
         server: SmallSite = self.server  # type: ignore[assignment]
         server.log.append(self.path)
         status, body = server.pages.get(self.path, (404, b"not found"))
+        etag = f'"{zlib.crc32(body):08x}"'
+        if server.etags and status == 200 and self.headers.get("If-None-Match") == etag:
+            status, body = 304, b""
+        server.statuses[self.path] = status
         self.send_response(status)
         self.send_header("Content-Type", "text/plain" if self.path == "/robots.txt" else "text/html")
-        self.send_header("Content-Length", str(len(body)))
+        if server.etags and status in (200, 304):
+            self.send_header("ETag", etag)
+        if status != 304:
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
@@ -82,14 +90,18 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class SmallSite(ThreadingHTTPServer):
-    """A loopback site of fixed pages (path -> (status, body)) with a log of requested paths."""
+    """A loopback site of fixed pages (path -> (status, body)) with a log of
+    requested paths and the last status each got; with ``etags``, 200s carry
+    an ETag and a matching If-None-Match gets 304."""
 
     daemon_threads = True
 
-    def __init__(self, pages: dict[str, tuple[int, bytes]]) -> None:
+    def __init__(self, pages: dict[str, tuple[int, bytes]], etags: bool = False) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.pages = pages
+        self.etags = etags
         self.log: list[str] = []
+        self.statuses: dict[str, int] = {}
 
     @property
     def url(self) -> str:
@@ -97,8 +109,8 @@ class SmallSite(ThreadingHTTPServer):
 
 
 @contextmanager
-def small_site(pages: dict[str, tuple[int, bytes]]) -> Iterator[SmallSite]:
-    server = SmallSite(pages)
+def small_site(pages: dict[str, tuple[int, bytes]], etags: bool = False) -> Iterator[SmallSite]:
+    server = SmallSite(pages, etags)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:

@@ -1,0 +1,167 @@
+"""Duplicate pages: the index, and a crawl that meets a mirrored page."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from scrapy.http import HtmlResponse
+
+from tests.crawling import crawl, site_file
+from tests.test_robots import small_site
+from vertical.demo.server import serve
+from vertical.demo.site import DemoSite
+from vertical.duplicates import CONTENT_XPATH, MIN_SHINGLES, DuplicateIndex, content_hash, page_hashes, simhash
+from vertical.frontier.sqlite import SQLiteFrontier
+from vertical.urls import fingerprint
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()
+
+
+def text(seed: int, n: int = 300) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(n))]
+
+
+def flip(h: int, *bits: int) -> int:
+    for bit in bits:
+        h ^= 1 << bit
+    return h
+
+
+# -- the index ------------------------------------------------------------------------------------------
+
+
+def test_exact_duplicate_is_found_and_a_page_never_matches_itself():
+    index = DuplicateIndex()
+    content, sim = page_hashes(text(1))
+    index.add(1, content, sim)
+    assert index.find(content, sim, exclude=2).key == 1
+    assert index.find(content, sim, exclude=2).exact
+    assert index.find(content, sim, exclude=1) is None
+
+
+def test_content_hash_ignores_whitespace_only():
+    assert content_hash(["a  b\n", "c"]) == content_hash(["a b c"])
+    assert content_hash(["a b c"]) != content_hash(["a b C"])
+    assert content_hash(["  "]) is None
+
+
+@pytest.mark.parametrize("bits", [(0,), (5, 21), (3, 30, 60), (15, 16, 47)])
+def test_near_duplicate_within_threshold_in_any_band(bits):
+    index = DuplicateIndex(threshold=3)
+    base = 0x0123_4567_89AB_CDEF
+    index.add(1, 111, base)
+    match = index.find(222, flip(base, *bits), exclude=2)
+    assert match is not None and match.key == 1 and not match.exact and match.distance == len(bits)
+
+
+def test_not_near_beyond_threshold():
+    index = DuplicateIndex(threshold=3)
+    base = 0x0123_4567_89AB_CDEF
+    index.add(1, 111, base)
+    assert index.find(222, flip(base, 1, 2, 3, 4)) is None  # 4 bits, one band
+    assert index.find(222, flip(base, 0, 16, 32, 48)) is None  # 4 bits, every band touched
+    assert DuplicateIndex(threshold=None).find(222, base) is None  # exact only
+
+
+def test_nearest_wins_and_replaced_or_discarded_pages_are_forgotten():
+    index = DuplicateIndex(threshold=3)
+    base = 0xFFFF_0000_FFFF_0000
+    index.add(1, 1, flip(base, 0, 1))
+    index.add(2, 2, flip(base, 0))
+    assert index.find(9, base).key == 2
+    index.add(2, 3, flip(base, 40, 41, 42, 43, 44))  # page 2 changed
+    assert index.find(9, base).key == 1
+    assert index.find(2, None) is None  # its old content is gone
+    index.discard(1)
+    assert index.find(9, base) is None and len(index) == 1
+
+
+def test_simhash_of_slightly_edited_text_is_near_and_of_other_text_far():
+    original = text(1)[0]
+    edited = original.replace("alpha", "ALEPH", 2)
+    assert (simhash([original]) ^ simhash([edited])).bit_count() <= 3
+    assert (simhash([original]) ^ simhash(text(2))).bit_count() > 10
+    assert simhash(["too few words here"]) is None
+    assert simhash(text(3, MIN_SHINGLES + 8)) is not None
+
+
+def test_content_stream_skips_boilerplate_and_keeps_links():
+    def stream(body: str) -> list[str]:
+        return HtmlResponse("http://x/", body=body.encode(), encoding="utf-8").xpath(CONTENT_XPATH).getall()
+
+    page = ('<html><body><nav><a href="/">Home</a></nav><p>Text <a href="child">more</a></p>'
+            '<script>var t = 1</script><footer>generated at {}</footer></body></html>')
+    assert content_hash(stream(page.format(1))) == content_hash(stream(page.format(2)))
+    assert content_hash(stream(page.format(1))) != content_hash(stream(page.format(1).replace("child", "other")))
+    assert stream(page.format(1)) == ["Text ", "child", "more"]
+    with_main = '<html><body><p>outside</p><main><h1>In</h1></main></body></html>'
+    assert stream(with_main) == ["In"]
+
+
+# -- a crawl ------------------------------------------------------------------------------------------------
+
+MIRROR = b'<html><body><h1>Mirror</h1><p>Same words here.</p><a href="child">child</a></body></html>'
+MIRROR_SITE = {
+    "/robots.txt": (200, b"User-agent: *\nDisallow:\n"),
+    "/": (200, b'<html><body><a href="/one/page">one</a> <a href="/hub">hub</a></body></html>'),
+    "/hub": (200, b'<html><body><p>A hub</p><a href="/two/page">two</a></body></html>'),
+    "/one/page": (200, MIRROR),
+    "/two/page": (200, MIRROR),
+    "/one/child": (200, b"<html><body><p>One's child</p></body></html>"),
+    "/two/child": (200, b"<html><body><p>Two's child</p></body></html>"),
+}
+
+
+def test_mirrored_page_is_a_duplicate_and_its_links_are_not_followed(tmp_path):
+    # /one/page and /two/page serve the same bytes, whose relative link "child"
+    # names /one/child on the first and /two/child on the second. /two/child
+    # is reachable only through the copy: fetching it would mean the copy's
+    # links were extracted. The copy is deeper (/ -> /hub -> /two/page), so
+    # with one request at a time the original is fetched first.
+    pages = dict(MIRROR_SITE)
+    store = tmp_path / "f.sqlite3"
+    with small_site(pages) as server:
+        site = site_file(tmp_path, server.url, name="mirror", follow={"allow": [], "deny": [], "restrict_xpaths": []},
+                         documents=[], politeness={"delay": 0, "concurrency": 1}, priority={"policy": "level"})
+        first = crawl(site, store, tmp_path, tag="1")
+        assert "/two/page" in server.log and "/one/child" in server.log
+        assert "/two/child" not in server.log
+        assert first.stat("vertical/duplicate/exact") == 1
+        copy = records(store)["/two/page"]
+        assert copy.state == "duplicate"
+        assert copy.extra["duplicate_of"] == fingerprint(server.url + "/one/page")
+
+
+def test_index_is_rebuilt_from_the_store(tmp_path):
+    # The original answers 304 on the second run, so the copy can only be
+    # recognised through what the first run stored.
+    pages = dict(MIRROR_SITE)
+    store = tmp_path / "f.sqlite3"
+    with small_site(pages, etags=True) as server:
+        site = site_file(tmp_path, server.url, name="mirror", follow={"allow": [], "deny": [], "restrict_xpaths": []},
+                         documents=[], politeness={"delay": 0, "concurrency": 1})
+        crawl(site, store, tmp_path, tag="1")
+        server.log.clear()
+        second = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": 2 * 86400})
+        assert server.statuses["/one/page"] == 304
+        assert "/two/child" not in server.log
+        assert second.stat("vertical/duplicate/exact") == 1
+
+
+def test_demo_catalogue_has_no_duplicates(tmp_path):
+    with serve(DemoSite(seed=0)) as demo:
+        result = crawl(site_file(tmp_path, demo.url), tmp_path / "f.sqlite3", tmp_path)
+    assert result.stat("vertical/pages/new") > 50
+    assert result.stat("vertical/duplicate/exact") == result.stat("vertical/duplicate/near") == 0
+    assert result.stat("vertical/pages/duplicate") == 0
+
+
+def records(store: Path) -> dict[str, object]:
+    frontier = SQLiteFrontier(store)
+    try:
+        return {"/" + r.url.split("/", 3)[3]: r for r in frontier.iter_records("mirror")}
+    finally:
+        frontier.close()
