@@ -58,7 +58,14 @@ VERTICAL_MIRROR_DIR = None
 VERTICAL_PROGRESS_INTERVAL = 60
 
 DOWNLOADER_MIDDLEWARES = {
+    # Scrapy's robots.txt handling, plus expiry, Crawl-delay and host postponement.
+    "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
+    "middlewares.robots.RobotsMiddleware": 100,
     "middlewares.conditional.ConditionalRequestMiddleware": 560,
+    # Responses pass 585 before 575: traps are dropped before they are hashed,
+    # both after decompression (590) and redirects (600).
+    "middlewares.duplicates.DuplicateContentMiddleware": 575,
+    "middlewares.traps.TrapGuardMiddleware": 585,
 }
 
 ITEM_PIPELINES = {
@@ -67,6 +74,10 @@ ITEM_PIPELINES = {
 
 # -- fetching ---------------------------------------------------------------
 ROBOTSTXT_OBEY = True
+# A host's robots.txt is fetched again after this many seconds; when it
+# answers 5xx/429 or fails, the host is left alone this long.
+VERTICAL_ROBOTS_TTL = 86400
+VERTICAL_ROBOTS_POSTPONE = 3600
 CONCURRENT_REQUESTS = 16
 CONCURRENT_REQUESTS_PER_DOMAIN = 1
 DOWNLOAD_DELAY = 1.0
