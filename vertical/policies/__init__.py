@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from vertical.policies.base import FetchSchedule, PriorityPolicy
-from vertical.policies.priority import LevelPriority, OpicPriority, ScentPriority, UniformPriority
+from vertical.policies.priority import DuePriority, LevelPriority, OpicPriority, ScentPriority, UniformPriority
 from vertical.policies.refetch import AdaptiveSchedule, FixedSchedule, NutchSchedule, OptimalSchedule
 
 __all__ = [
@@ -28,7 +28,7 @@ SCHEDULES: dict[str, type[FetchSchedule]] = {
     cls.name: cls for cls in (AdaptiveSchedule, NutchSchedule, OptimalSchedule, FixedSchedule)
 }
 PRIORITIES: dict[str, type[PriorityPolicy]] = {
-    cls.name: cls for cls in (ScentPriority, LevelPriority, OpicPriority, UniformPriority)
+    cls.name: cls for cls in (ScentPriority, LevelPriority, OpicPriority, UniformPriority, DuePriority)
 }
 
 # The crawler's defaults, chosen with the simulator (benchmarks/FRESHNESS.md).

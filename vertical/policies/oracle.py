@@ -35,6 +35,7 @@ __all__ = [
     "OracleSchedule",
     "expected_age",
     "expected_freshness",
+    "fit_mu",
     "marginal_gain",
     "oracle_allocation",
     "optimal_frequency",
@@ -162,6 +163,47 @@ def solve_mu(
     return math.sqrt(lo * hi)
 
 
+def fit_mu(
+    rates: Iterable[float],
+    pages: int,
+    budget: float,
+    *,
+    weights: Iterable[float] | None = None,
+    prior: float = 0.0,
+    f_min: float = 0.0,
+    f_max: float = math.inf,
+    bins_per_decade: int = 50,
+) -> float:
+    """:func:`solve_mu` for many pages at once: pages are grouped in
+    logarithmic bins of rate (and bins of 0.1 of weight), one pass, then a
+    bisection over the bins; pages beyond those with a rate count at
+    ``prior`` with weight 1."""
+    bins: dict[tuple[int, int], int] = {}
+    zero = seen = 0
+    ws = iter(weights) if weights is not None else None
+    for r in rates:
+        seen += 1
+        w = 10 if ws is None else round(10.0 * next(ws))
+        if r <= 0:
+            zero += 1
+        else:
+            key = (round(bins_per_decade * math.log10(r)), w)
+            bins[key] = bins.get(key, 0) + 1
+    groups = [(10.0 ** (k / bins_per_decade), w / 10.0, float(n)) for (k, w), n in bins.items()]
+    if pages > seen:
+        groups.append((prior, 1.0, float(pages - seen)))
+    if zero:
+        groups.append((0.0, 1.0, float(zero)))
+    return solve_mu(
+        [g[0] for g in groups],
+        budget,
+        weights=[g[1] for g in groups],
+        counts=[g[2] for g in groups],
+        f_min=f_min,
+        f_max=f_max,
+    )
+
+
 @dataclass(frozen=True)
 class Allocation:
     """The optimum for given true rates: ``mu``, each page's frequency and the
@@ -220,6 +262,10 @@ class OracleSchedule(FetchSchedule):
         self.weights = weights
         self.mu = mu
         self._delays: dict[int, float] = {}
+
+    def rate(self, record: URLRecord) -> float:
+        """The true change rate of ``record`` (per second)."""
+        return self.rates[record.fingerprint]
 
     def delay_for(self, fingerprint: int) -> float:
         delay = self._delays.get(fingerprint)

@@ -2,6 +2,8 @@
 
 * :class:`UniformPriority` (``uniform``): the oldest fetch first, never
   fetched first of all; with a zero refetch delay this is round robin.
+* :class:`DuePriority` (``due``): the earliest due first, optionally after
+  the entry pages and the pages they announce.
 * :class:`LevelPriority` (``level``): seed 000's order, the smallest level
   (link distance from an entry page) first, then the oldest fetch.
 * :class:`ScentPriority` (``scent``): seed 002's S.C.E.N.T.
@@ -22,7 +24,7 @@ from typing import Any
 from vertical.policies.base import PriorityPolicy
 from vertical.record import URLRecord
 
-__all__ = ["LevelPriority", "OpicPriority", "ScentPriority", "UniformPriority"]
+__all__ = ["DuePriority", "LevelPriority", "OpicPriority", "ScentPriority", "UniformPriority"]
 
 
 class UniformPriority(PriorityPolicy):
@@ -36,6 +38,31 @@ class UniformPriority(PriorityPolicy):
 
     def on_fetched(self, record: URLRecord, harvest: float, outlinks: Iterable[URLRecord]) -> None:
         record.priority = -record.fetch_time
+
+
+class DuePriority(PriorityPolicy):
+    """Earliest due first (``priority = -next_fetch``): when more pages are due
+    than can be fetched, the longest overdue goes first, so a page with a
+    short refetch delay does not wait behind a month-old one due at the same
+    time. Due pages at ``level <= levels`` (by default the entry pages and
+    the new pages they announce) go before all others, as in seed 000;
+    ``levels=-1`` turns that off."""
+
+    name = "due"
+
+    def __init__(self, levels: int = 1, **params: Any) -> None:
+        super().__init__(**params)
+        self.levels = int(levels)
+
+    def _set(self, record: URLRecord) -> None:
+        boost = LEVEL_SPAN if record.level <= self.levels else 0.0
+        record.priority = boost - record.next_fetch
+
+    def on_discovered(self, record: URLRecord, parent: URLRecord | None) -> None:
+        self._set(record)
+
+    def on_fetched(self, record: URLRecord, harvest: float, outlinks: Iterable[URLRecord]) -> None:
+        self._set(record)
 
 
 #: Seconds of fetch time one level outweighs: more than any Unix time for

@@ -22,7 +22,7 @@ from typing import Any
 
 from vertical.policies.base import FetchSchedule
 from vertical.policies.estimate import cho_irregular, counts, observe
-from vertical.policies.oracle import marginal_gain, optimal_frequency, solve_mu
+from vertical.policies.oracle import fit_mu, marginal_gain, optimal_frequency
 from vertical.record import URLRecord
 
 __all__ = ["AdaptiveSchedule", "FixedSchedule", "NutchSchedule", "OptimalSchedule"]
@@ -130,9 +130,10 @@ class OptimalSchedule(FetchSchedule):
       a budget; until then it is set so that a page changing once per
       ``initial`` is refetched once per ``initial``.
     * Pages at ``level <= hub_level`` (the entry pages: home page and lists,
-      which announce new pages) are refetched about once per expected change
-      instead, whatever the budget: a change missed there is a new page not
-      found, not just a stale copy. ``hub_level=-1`` turns this off.
+      which announce new pages) are not chased for their own freshness but
+      for the pages they announce: see :meth:`hub_delay`. A change missed
+      there is a new page not found, not just a stale copy, so they are
+      never abandoned. ``hub_level=-1`` turns this off.
     """
 
     name = "optimal"
@@ -145,7 +146,9 @@ class OptimalSchedule(FetchSchedule):
         factor: float = 2.0,
         *,
         prior_weight: float = 1.0,
+        prior_interval: float | None = None,
         hub_level: int = 0,
+        hub_changes: float = 3.0,
         mu: float | None = None,
         **params: Any,
     ) -> None:
@@ -153,12 +156,15 @@ class OptimalSchedule(FetchSchedule):
         if prior_weight < 0:
             raise ValueError("optimal: prior_weight must not be negative")
         base = self.clamp(self.initial) or self.max_delay or DAY
-        self.prior_interval = base
+        self.prior_interval = float(prior_interval) if prior_interval else base
         # Pseudo-visits at the initial delay, split as a page of rate 1/initial would.
         w = float(prior_weight)
         self._prior = (w * -math.expm1(-1.0), w * math.exp(-1.0))
         self.prior_weight = w
         self.hub_level = int(hub_level)
+        if hub_changes <= 0:
+            raise ValueError("optimal: hub_changes must be positive")
+        self.hub_changes = float(hub_changes)
         self.mu = float(mu) if mu is not None else base * marginal_gain(1.0)
 
     # -- estimation -----------------------------------------------------------
@@ -180,40 +186,23 @@ class OptimalSchedule(FetchSchedule):
     def set_budget(self, fetches_per_day: float, pages: int, rates: Iterable[float] | None = None) -> None:
         """Fit ``mu`` so that ``pages`` pages with these estimated ``rates``
         (per second, e.g. from :meth:`rate`; pages without one count at the
-        prior) would be refetched ``fetches_per_day`` times a day in total.
+        prior) are refetched ``fetches_per_day`` times a day in total.
 
-        Rates are grouped into bins of 1/20 of a decade, so this costs one
-        pass over them whatever their number. Announcing pages (see
-        ``hub_level``) are outside this budget: leave them out of ``rates``
-        and out of ``fetches_per_day``.
+        Call it again from time to time (the simulator does once a simulated
+        day) as the rates are learned. Announcing pages
+        (see ``hub_level``) and first fetches are outside this budget: leave
+        them out of ``rates`` and ``fetches_per_day``. One pass over the
+        rates, whatever their number.
         """
         if fetches_per_day < 0 or pages < 0:
             raise ValueError("optimal: the budget and the number of pages must not be negative")
-        bins: dict[int, int] = {}
-        zero = 0
-        seen = 0
-        for r in rates or ():
-            seen += 1
-            if r <= 0:
-                zero += 1
-            else:
-                k = round(20.0 * math.log10(r))
-                bins[k] = bins.get(k, 0) + 1
-        prior = self.rate_prior()
-        rest = max(0, pages - seen)
-        groups = [(10.0 ** (k / 20.0), float(n)) for k, n in bins.items()]
-        if rest:
-            groups.append((prior, float(rest)))
-        if zero:
-            groups.append((0.0, float(zero)))
-        if not groups:
-            return
         f_max = 1.0 / self.min_delay if self.min_delay > 0 else math.inf
         f_min = 1.0 / self.max_delay if self.max_delay > 0 else 0.0
-        self.mu = solve_mu(
-            [g[0] for g in groups],
+        self.mu = fit_mu(
+            () if rates is None else rates,
+            pages,
             fetches_per_day / DAY,
-            counts=[g[1] for g in groups],
+            prior=self.rate_prior(),
             f_min=f_min,
             f_max=f_max,
         )
@@ -232,12 +221,28 @@ class OptimalSchedule(FetchSchedule):
             observe(record.extra, changed, now - record.fetch_time)
         rate = self.rate(record)
         if record.level <= self.hub_level:
-            return 1.0 / rate if rate > 0 else self.max_delay
+            return self.hub_delay(rate)
         return self.delay_for_rate(rate)
 
+    def hub_delay(self, rate: float) -> float:
+        """The delay of an announcing page changing at ``rate``: each visit
+        finds the pages announced since the last one, which waited half the
+        delay ``T`` on average. At ``rate`` announcements a second that costs
+        ``rate * T / 2`` page-seconds of freshness a second, against ``mu / T``
+        for the visits: the best ``T`` is ``sqrt(2 mu / rate)``.
+
+        ``T`` stays under ``hub_changes / rate`` all the same: a visit that
+        always finds a change cannot tell a rate from a faster one, so a
+        longer delay would feed on its own underestimate (and let announced
+        pages drop off a list before they are seen)."""
+        if rate <= 0:
+            return self.max_delay
+        return self.clamp(min(math.sqrt(2.0 * self.mu / rate), self.hub_changes / rate))
+
     def state(self) -> dict[str, Any]:
+        """``mu``, for the frontier to persist between runs."""
         return {"mu": self.mu}
 
     def load_state(self, state: Any) -> None:
-        if state and "mu" in state:
-            self.mu = float(state["mu"])
+        if state:
+            self.mu = float(state.get("mu", self.mu))

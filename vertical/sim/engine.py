@@ -82,8 +82,8 @@ def policy_specs(scn: Scenario) -> list[PolicySpec]:
         elif name == "optimal":
             specs.append(PolicySpec("optimal", "optimal", "uniform"))
         elif name == "oracle":
-            specs.append(PolicySpec("oracle", "oracle", "uniform", oracle="freshness"))
-            specs.append(PolicySpec("oracle_q", "oracle", "uniform", oracle="q"))
+            specs.append(PolicySpec("oracle", "oracle", "due", oracle="freshness"))
+            specs.append(PolicySpec("oracle_q", "oracle", "due", oracle="q"))
         else:  # SCHEDULE+PRIORITY, with the policies' own defaults
             schedule, _, priority = name.partition("+")
             specs.append(PolicySpec(name, schedule, priority))
@@ -186,7 +186,7 @@ def simulate(
     learner = getattr(schedule, "set_budget", None)
     rate_of = getattr(schedule, "rate", None)
     documents: list[URLRecord] = []  # known non-hub records, for set_budget
-    overhead = 0  # hub fetches and first fetches since the last set_budget
+    overhead = 0  # fetches of hubs and of new pages' first fetches since the last set_budget
     last_budget = 0.0
     mean_cost = float(np.mean(cost_arr[n_hubs:])) if cost_arr is not None else 1.0
 
@@ -224,7 +224,7 @@ def simulate(
                 per_day = budget * (site.n_initial + bisect_right(created_new, now))
             if now > last_budget:
                 per_day -= overhead / (now - last_budget)
-            rates = [rate_of(r) for r in documents] if rate_of is not None else None
+            rates = [rate_of(r) for r in documents] if rate_of is not None and not oracle else None
             learner(max(per_day, 0.0), len(documents), rates)
             overhead, last_budget, next_day = 0, now, now + 1.0
         while theap and theap[0][0] <= now_s:
@@ -260,8 +260,8 @@ def simulate(
                     if linked is None:
                         linked = discover(p, rec, t_s)
                     outlinks.append(linked)
-            elif first:
-                overhead += 1
+            elif first and i >= first_new:
+                overhead += 1  # a page found during the run; not the initial crawl
             set_fetched(rec, t_s, changed)
             if outlinks:
                 before = [o.priority for o in outlinks]

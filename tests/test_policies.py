@@ -1,0 +1,387 @@
+"""The revisit policies: exact arithmetic, hand-computed orders, estimator
+bias and the optimum's closed forms."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from vertical.policies import (
+    DEFAULT_PRIORITY,
+    DEFAULT_SCHEDULE,
+    PRIORITIES,
+    SCHEDULES,
+    make_priority,
+    make_schedule,
+)
+from vertical.policies.estimate import cho_irregular, cho_regular, counts, naive_rate, observe
+from vertical.policies.oracle import (
+    expected_age,
+    expected_freshness,
+    marginal_gain,
+    optimal_frequency,
+    oracle_allocation,
+    solve_mu,
+)
+from vertical.policies.priority import LevelPriority, OpicPriority, ScentPriority, UniformPriority
+from vertical.policies.refetch import AdaptiveSchedule, NutchSchedule, OptimalSchedule
+from vertical.record import URLRecord
+
+DAY = 86400.0
+
+
+def rec(i: int = 0, level: int = 0) -> URLRecord:
+    return URLRecord(url=f"http://x/{i}", fingerprint=i, site="s", host="x", level=level)
+
+
+# -- registries ----------------------------------------------------------------
+
+
+def test_registries_and_factories():
+    assert {"adaptive", "nutch", "optimal"} <= set(SCHEDULES)
+    assert {"scent", "level", "opic", "uniform"} <= set(PRIORITIES)
+    assert DEFAULT_SCHEDULE in SCHEDULES and DEFAULT_PRIORITY in PRIORITIES
+    s = make_schedule("adaptive", initial=DAY, min_delay=3600, max_delay=30 * DAY, factor=2)
+    assert isinstance(s, AdaptiveSchedule)
+    assert isinstance(make_priority("scent", delta_s=0.5), ScentPriority)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: make_schedule("weekly", initial=1, min_delay=1, max_delay=1), "unknown schedule 'weekly'"),
+        (lambda: make_priority("pagerank"), "unknown priority 'pagerank'"),
+        (lambda: make_schedule("adaptive", initial=1, min_delay=1, max_delay=2, speed=3), "speed"),
+        (lambda: make_schedule("nutch"), "initial"),
+        (lambda: make_priority("scent", delta=1), "delta"),
+        (lambda: make_priority("opic", tax=2), "tax"),
+    ],
+)
+def test_factories_reject_with_a_clear_message(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# -- adaptive (seed 001) --------------------------------------------------------
+
+
+def test_adaptive_doubles_halves_and_clamps_exactly():
+    s = AdaptiveSchedule(initial=100.0, min_delay=10.0, max_delay=1000.0, factor=2.0)
+    r = rec()
+    s.set_discovered(r, now=5.0)
+    assert (r.refetch_delay, r.next_fetch) == (100.0, 5.0)
+    s.set_fetched(r, now=0.0, changed=True)  # first fetch: keeps the initial delay
+    assert (r.refetch_delay, r.next_fetch, r.visits, r.changes) == (100.0, 100.0, 1, 0)
+    now = 100.0
+    for expected in (200.0, 400.0, 800.0, 1000.0, 1000.0):  # unchanged: doubled, clamped at max
+        s.set_fetched(r, now=now, changed=False)
+        assert r.refetch_delay == expected
+        assert r.next_fetch == now + expected
+        now = r.next_fetch
+    for expected in (500.0, 250.0, 125.0, 62.5, 31.25, 15.625, 10.0, 10.0):  # changed: halved, clamped at min
+        s.set_fetched(r, now=now, changed=True)
+        assert r.refetch_delay == expected
+        now = r.next_fetch
+    assert (r.visits, r.changes) == (1 + 5 + 8, 8)
+    assert r.fetch_time == now - 10.0
+
+
+# -- Nutch ------------------------------------------------------------------------
+
+
+def test_nutch_rates_without_sync_delta():
+    s = NutchSchedule(initial=1000.0, min_delay=1.0, max_delay=1e6, sync_delta=False)
+    r = rec()
+    s.set_discovered(r, 0.0)
+    s.set_fetched(r, 0.0, changed=True)
+    assert r.refetch_delay == 1000.0
+    s.set_fetched(r, 1000.0, changed=False)  # * (1 + 0.4)
+    assert r.refetch_delay == pytest.approx(1400.0)
+    s.set_fetched(r, 2400.0, changed=True)  # * (1 - 0.2)
+    assert r.refetch_delay == pytest.approx(1120.0)
+    assert r.next_fetch == pytest.approx(2400.0 + 1120.0)
+
+
+def test_nutch_sync_delta_follows_the_last_change():
+    s = NutchSchedule(initial=1000.0, min_delay=1.0, max_delay=1e6)  # sync_delta_rate 0.3
+    r = rec()
+    s.set_discovered(r, 0.0)
+    s.set_fetched(r, 0.0, changed=True)  # modified at 0
+    # Unchanged at 1000: delta = 1000, interval = max(1400, 1000) = 1400,
+    # next = 1000 + 1400 - 0.3 * 1000 = 2100.
+    s.set_fetched(r, 1000.0, changed=False)
+    assert r.refetch_delay == pytest.approx(1400.0)
+    assert r.next_fetch == pytest.approx(2100.0)
+    # Unchanged at 2100: delta = 2100 > 1960, so interval = 2100; next = 2100 + 2100 - 630.
+    s.set_fetched(r, 2100.0, changed=False)
+    assert r.refetch_delay == pytest.approx(2100.0)
+    assert r.next_fetch == pytest.approx(3570.0)
+    # Changed at 3570: interval = 2100 * 0.8, delta = 0, modified time moves.
+    s.set_fetched(r, 3570.0, changed=True)
+    assert r.refetch_delay == pytest.approx(1680.0)
+    assert r.next_fetch == pytest.approx(3570.0 + 1680.0)
+    assert r.extra["mod"] == 3570.0
+
+
+# -- estimators ---------------------------------------------------------------------
+
+
+def _visits(rng: random.Random, rate: float, interval: float, n: int) -> int:
+    """Visit a Poisson-changing page ``n`` times, every ``interval``; return
+    how many visits found it unchanged."""
+    unchanged = 0
+    next_change = rng.expovariate(rate)
+    t = 0.0
+    for _ in range(n):
+        t += interval
+        if next_change > t:
+            unchanged += 1
+        while next_change <= t:
+            next_change += rng.expovariate(rate)
+    return unchanged
+
+
+def test_cho_estimator_is_nearly_unbiased_where_the_naive_one_is_not():
+    rng = random.Random(7)
+    rate, interval, n, pages = 1.0, 1.0, 50, 2000  # the page changes once per visit on average
+    cho, naive = [], []
+    for _ in range(pages):
+        unchanged = _visits(rng, rate, interval, n)
+        cho.append(cho_regular(n, unchanged, interval))
+        naive.append(naive_rate(n, n - unchanged, interval))
+    assert sum(cho) / pages == pytest.approx(rate, rel=0.03)
+    # Changes seen per visit are at most one: 1 - e^-1 = 0.63 of the true rate.
+    assert sum(naive) / pages == pytest.approx(1 - math.exp(-1), rel=0.03)
+
+
+def test_irregular_estimator_reduces_to_the_regular_one():
+    for n, x, i in ((10, 3, 2.0), (5, 0, 1.0), (8, 8, 0.5)):
+        assert cho_irregular(n - x, x, (n - x) * i, x * i) == pytest.approx(cho_regular(n, x, i))
+    assert cho_irregular(0, 4, 0.0, 10.0) == 0.0
+
+
+def test_counts_live_in_record_extra():
+    extra: dict = {}
+    observe(extra, True, 2.0)
+    observe(extra, False, 3.0)
+    observe(extra, False, 1.0)
+    assert counts(extra) == (1, 2, 2.0, 4.0)
+    assert extra == {"chg": [1, 2, 2.0, 4.0]}
+
+
+# -- optimal schedule ---------------------------------------------------------------
+
+
+def test_optimal_default_mu_refetches_a_prior_page_once_per_initial():
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    assert s.delay_for_rate(1 / DAY) == pytest.approx(DAY)
+    # Pages changing much faster than 1/mu are not chased: they wait max_delay.
+    assert s.delay_for_rate(100 / DAY) == 30 * DAY
+    assert s.delay_for_rate(0.0) == 30 * DAY
+
+
+def test_optimal_learns_static_and_fast_pages():
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    static, busy = rec(1, level=2), rec(2, level=2)
+    for r in (static, busy):
+        s.set_discovered(r, 0.0)
+        s.set_fetched(r, 0.0, changed=True)
+    delays = []
+    for _ in range(6):
+        s.set_fetched(static, static.next_fetch, changed=False)
+        delays.append(static.refetch_delay)
+    assert delays == sorted(delays) and delays[-1] > 3 * DAY  # grows with each unchanged visit
+    s.set_fetched(busy, busy.next_fetch, changed=True)
+    assert s.rate(busy) > s.rate_prior() > s.rate(static)
+    assert counts(busy.extra)[0] == 1 and counts(static.extra)[1] == 6
+
+
+def test_optimal_set_budget_spends_the_budget():
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    rng = random.Random(3)
+    rates = [rng.lognormvariate(math.log(1 / 7), 1.5) / DAY for _ in range(2000)]
+    s.set_budget(400.0, 2000, rates)
+    per_day = sum(DAY / s.delay_for_rate(r) for r in rates)
+    assert per_day == pytest.approx(400.0, rel=0.02)  # rates are binned: 2% is generous
+
+
+def test_optimal_hub_delay_trades_latency_for_fetches():
+    s = OptimalSchedule(initial=DAY, min_delay=60, max_delay=30 * DAY, mu=DAY)
+    # Rate 8/day: sqrt(2 mu / rate) = 0.5 day, over hub_changes / rate = 3/8 day, which wins.
+    assert s.hub_delay(8 / DAY) == pytest.approx(3 / 8 * DAY)
+    assert s.hub_delay(0.5 / DAY) == pytest.approx(2 * DAY)  # sqrt(2 * 1 / 0.5) days, under 6 days
+    hub = rec(0, level=0)
+    s.set_discovered(hub, 0.0)
+    s.set_fetched(hub, 0.0, changed=True)
+    s.set_fetched(hub, hub.next_fetch, changed=True)
+    assert hub.refetch_delay < 30 * DAY  # a changing hub is never abandoned
+
+
+# -- priorities -----------------------------------------------------------------------
+
+
+def test_uniform_is_oldest_fetch_first():
+    p = UniformPriority()
+    rs = [rec(i) for i in range(4)]
+    for r, t in zip(rs, (500.0, 0.0, 100.0, 900.0)):
+        r.fetch_time = t
+        p.on_discovered(r, None) if t == 0 else p.on_fetched(r, 0.0, ())
+    order = [r.fingerprint for r in sorted(rs, key=p.effective, reverse=True)]
+    assert order == [1, 2, 0, 3]  # never fetched, then 100, 500, 900
+
+
+def test_level_orders_by_level_then_oldest():
+    p = LevelPriority()
+    spec = [(0, 1, 500.0), (1, 0, 900.0), (2, 1, 0.0), (3, 2, 0.0), (4, 0, 100.0)]
+    rs = []
+    for i, level, fetched in spec:
+        r = rec(i, level)
+        r.fetch_time = fetched
+        if fetched:
+            p.on_fetched(r, 0.0, ())
+        else:
+            p.on_discovered(r, None)
+        rs.append(r)
+    order = [r.fingerprint for r in sorted(rs, key=lambda r: r.priority, reverse=True)]
+    # level 0: fetched at 100, then at 900; level 1: never fetched, then 500; level 2.
+    assert order == [4, 1, 2, 0, 3]
+
+
+def test_scent_by_hand():
+    p = ScentPriority(delta_s=1.0, initial=10.0)
+    a, b, c = rec(0), rec(1), rec(2)
+    for r in (a, b, c):
+        p.on_discovered(r, None)
+    # Step 0: A fetched, harvest 4: 10/2 + 4 = 9; then all +1: A 10, B 11, C 11.
+    p.on_fetched(a, 4.0, ())
+    assert [p.effective(r) for r in (a, b, c)] == [10.0, 11.0, 11.0]
+    # Step 1: B unchanged: 11/2 = 5.5; all +1: A 11, B 6.5, C 12.
+    p.on_fetched(b, 0.0, ())
+    assert [p.effective(r) for r in (a, b, c)] == [11.0, 6.5, 12.0]
+    # Step 2: C harvest 2: 12/2 + 2 = 8; all +1: A 12, B 7.5, C 9.
+    p.on_fetched(c, 2.0, ())
+    assert [p.effective(r) for r in (a, b, c)] == [12.0, 7.5, 9.0]
+    # Stored priorities order the pages as their scents do: A, C, B.
+    assert [r.fingerprint for r in sorted((a, b, c), key=lambda r: r.priority, reverse=True)] == [0, 2, 1]
+    # The step counter is the policy's state.
+    q = ScentPriority(delta_s=1.0)
+    q.load_state(p.state())
+    assert q.effective(a) == 12.0
+
+
+def test_scent_delta_zero_starves_unchanged_pages():
+    p = ScentPriority(delta_s=0.0, initial=10.0)
+    dull, lively = rec(0), rec(1)
+    for r in (dull, lively):
+        p.on_discovered(r, None)
+    for _ in range(5):
+        p.on_fetched(dull, 0.0, ())
+        p.on_fetched(lively, math.log(2001), ())
+    assert p.effective(dull) == pytest.approx(10 / 32)
+    assert p.effective(lively) > 10
+
+
+def test_opic_by_hand():
+    p = OpicPriority(tax=0.1)
+    e, a, b, c = rec(0), rec(1), rec(2), rec(3)
+    p.on_discovered(e, None)  # entry page: cash 1
+    for r in (a, b, c):
+        p.on_discovered(r, e)
+    # E (cash 1) links to A and B: 0.45 each; 0.1 to the virtual page, 0.025 for each of 4 pages.
+    p.on_fetched(e, 0.0, [a, b])
+    assert p.cash(a) == pytest.approx(0.45 + 0.025)
+    assert p.cash(e) == pytest.approx(0.025)
+    # A (0.475) links to C: C receives 0.9 * 0.475 = 0.4275; the virtual page 0.0475 / 4 each.
+    p.on_fetched(a, 0.0, [c])
+    assert p.offset == pytest.approx(0.025 + 0.011875)
+    assert p.cash(c) == pytest.approx(0.4275 + 0.036875)
+    assert p.effective(c) == pytest.approx(0.4275 + 0.036875)  # history, virtual credit included
+    # Histories: E 1, A 0.45, B 0.45, C 0.4275.
+    order = [r.fingerprint for r in sorted((e, a, b, c), key=lambda r: (-r.priority, r.fingerprint))]
+    assert order == [0, 1, 2, 3]
+
+
+def test_opic_trap_pages_starve():
+    """An entry page links to a cycle of good pages and to the mouth of a trap,
+    an endless chain of new pages. Crawl in priority order, each page once:
+    the trap gets credit only through its mouth, so its pages sink."""
+    p = OpicPriority(tax=0.1)
+    pages: dict[str, URLRecord] = {}
+
+    def page(name: str, parent: URLRecord | None) -> URLRecord:
+        if name not in pages:
+            pages[name] = rec(len(pages), level=0 if parent is None else parent.level + 1)
+            pages[name].url = name
+            p.on_discovered(pages[name], parent)
+        return pages[name]
+
+    def links(name: str) -> list[str]:
+        if name == "E":
+            return [f"G{i}" for i in range(6)] + ["T0"]
+        if name.startswith("G"):
+            i = int(name[1:])
+            return [f"G{(i + 1) % 6}", f"G{(i + 2) % 6}", "E"]
+        return [f"T{int(name[1:]) + 1}"]  # the trap: always one more page
+
+    page("E", None)
+    fetched: list[str] = []
+    for _ in range(12):
+        name = max((n for n in pages if n not in fetched), key=lambda n: pages[n].priority)
+        fetched.append(name)
+        src = pages[name]
+        p.on_fetched(src, 0.0, [page(link, src) for link in links(name)])
+    goods = [n for n in fetched if n.startswith("G")]
+    assert len(goods) == 6
+    assert max(fetched.index(g) for g in goods) < min((fetched.index(n) for n in fetched if n.startswith("T")), default=99)
+    assert all(pages[f"G{i}"].priority > pages[t].priority for i in range(6) for t in pages if t.startswith("T"))
+
+
+# -- the optimum ------------------------------------------------------------------------
+
+
+def test_single_page_freshness_closed_form():
+    assert expected_freshness(1.0, 1.0) == pytest.approx(1 - math.exp(-1))
+    assert expected_freshness(2.0, 1.0) == pytest.approx((1 - math.exp(-2)) / 2)
+    assert expected_freshness(0.0, 0.0) == 1.0
+    assert expected_freshness(1.0, 0.0) == 0.0
+    # Age with I = 1, rate 1: 1/2 - 1 + (1 - e^-1).
+    assert expected_age(1.0, 1.0) == pytest.approx(0.5 - 1 + (1 - math.exp(-1)))
+    assert expected_age(1e-9, 1.0) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_optimal_frequency_meets_the_lagrange_condition():
+    for rate, mu in ((1.0, 0.1), (3.0, 0.2), (0.01, 5.0)):
+        f = optimal_frequency(rate, mu)
+        assert marginal_gain(rate / f) / rate == pytest.approx(mu)
+    assert optimal_frequency(5.0, 0.2) == 0.0  # rate * mu >= 1: never refresh
+    assert optimal_frequency(0.0, 0.2) == 0.0
+
+
+def test_uniform_and_oracle_on_a_known_mix():
+    rates, budget = [0.5, 1.0, 2.0], 3.0
+    # Uniform: one fetch per unit of time each, r = rate.
+    uniform = sum((1 - math.exp(-r)) / r for r in rates) / 3
+    assert uniform == pytest.approx((0.786939 + 0.632121 + 0.432332) / 3, abs=1e-6)
+    best = oracle_allocation(rates, budget)
+    assert sum(best.frequencies) == pytest.approx(budget)
+    assert best.freshness > uniform
+    # Every refreshed page is at the same marginal gain per fetch, mu.
+    for rate, f in zip(rates, best.frequencies):
+        assert marginal_gain(rate / f) / rate == pytest.approx(best.mu)
+    # Identical pages: the optimum is uniform.
+    same = oracle_allocation([1.0] * 4, 4.0)
+    assert same.frequencies == pytest.approx([1.0] * 4)
+    assert same.freshness == pytest.approx(1 - math.exp(-1))
+
+
+def test_solve_mu_respects_bounds_and_weights():
+    rates = [0.0, 0.1, 0.5, 1.0]
+    mu = solve_mu(rates, 2.0, f_min=0.1, f_max=1.0)
+    total = sum(min(1.0, max(0.1, optimal_frequency(r, mu))) for r in rates)
+    assert total == pytest.approx(2.0)
+    assert solve_mu(rates, 10.0, f_max=1.0) == 0.0  # affords the maximum for everyone
+    assert solve_mu(rates, 0.1, f_min=0.1) == math.inf
+    weighted = oracle_allocation([1.0, 1.0], 2.0, weights=[1.0, 3.0])
+    assert weighted.frequencies[1] > 1.0 > weighted.frequencies[0]

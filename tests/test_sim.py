@@ -1,0 +1,125 @@
+"""The revisit-policy simulator: end to end, determinism, closed forms."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+from vertical.sim import ScenarioError, parse_scenario  # noqa: E402
+from vertical.sim.engine import PolicySpec, simulate  # noqa: E402
+from vertical.sim.metrics import score  # noqa: E402
+from vertical.sim.runner import run_scenario  # noqa: E402
+from vertical.sim.site import make_site  # noqa: E402
+
+SMALL = {
+    "pages": 300,
+    "static_share": 0.3,
+    "change_interval": {"dist": "lognormal", "median_days": 3, "sigma": 1.0},
+    "sizes": {"dist": "pareto", "min_bytes": 2000, "alpha": 1.5},
+    "hubs": {"count": 2, "list_length": 5, "new_pages_per_day": 4},
+    "budget": {"fetches_per_page_per_day": [0.2, 1.0]},
+    "horizon_days": 20,
+    "warmup_days": 5,
+    "seeds": [1, 2],
+    "policies": ["uniform", "scent", "level", "optimal", "optimal+due", "oracle"],
+    "scent_delta_s": [0.001],
+}
+
+KEYS = {
+    "policy", "budget", "freshness", "freshness_pct_of_oracle", "age", "q", "q_pct_of_oracle", "wasted",
+    "changes_captured", "discovery_p50", "discovery_p95", "discovery_missed",
+}
+
+
+def test_small_scenario_end_to_end(tmp_path):
+    scn = parse_scenario(SMALL)
+    run_scenario(scn, tmp_path, jobs=1, log=lambda msg: None)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["scenario"]["pages"] == 300
+    entries = results["results"]
+    policies = {e["policy"] for e in entries}
+    assert {"uniform", "scent", "level", "optimal", "optimal+due", "oracle", "oracle_q"} == policies
+    assert len(entries) == 7 * 2
+    for e in entries:
+        assert KEYS <= set(e), e["policy"]
+        assert 0 <= e["freshness"] <= 1 and 0 <= e["wasted"] <= 1 and 0 <= e["changes_captured"] <= 1
+    oracle = [e for e in entries if e["policy"] == "oracle"]
+    assert all(e["freshness_pct_of_oracle"] == pytest.approx(100.0) for e in oracle)
+    for name in ("table.md", "timeseries.json", "freshness_vs_budget.png", "freshness_over_time.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "| 0.2 | uniform |" in (tmp_path / "table.md").read_text()
+
+
+def test_same_seed_same_events():
+    scn = parse_scenario(SMALL)
+    a, b, c = make_site(scn, 1), make_site(scn, 1), make_site(scn, 2)
+    for name in ("created", "rate", "size", "change_times", "offsets"):
+        assert np.array_equal(getattr(a, name), getattr(b, name))
+    assert not np.array_equal(a.change_times[:50], c.change_times[:50])
+    # ... and the same run for the same policy.
+    spec = PolicySpec("optimal", "optimal", "due")
+    one, two = simulate(a, spec, 0.5, scn), simulate(b, spec, 0.5, scn)
+    assert np.array_equal(one.pages, two.pages) and np.array_equal(one.times, two.times)
+
+
+def test_round_robin_matches_the_closed_form():
+    """Every page changes at rate 0.5/day and round robin visits each every
+    2 days: freshness (1 - e^-r) / r with r = 1, age from its closed form."""
+    scn = parse_scenario(
+        {
+            "pages": 400,
+            "static_share": 0.0,
+            "change_interval": {"dist": "lognormal", "median_days": 2, "sigma": 0.0},
+            "hubs": {"count": 0, "new_pages_per_day": 0},
+            "budget": {"fetches_per_page_per_day": [0.5]},
+            "horizon_days": 60,
+            "warmup_days": 10,
+            "seeds": [3],
+            "policies": ["uniform"],
+        }
+    )
+    site = make_site(scn, 3)
+    m = score(site, simulate(site, PolicySpec("uniform", "fixed", "uniform", {"initial": 0, "min_delay": 0}), 0.5, scn), 10)
+    assert m.freshness == pytest.approx(1 - math.exp(-1), abs=0.02)
+    assert m.age == pytest.approx(1 - 2 + (1 - math.exp(-1)) / 0.5, rel=0.1)  # I/2 - 1/l + (1 - e^-lI)/(l^2 I)
+    assert m.discovery_missed == 0.0
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"pages": None}, "pages"),
+        ({"colour": 1}, "unknown key"),
+        ({"change_interval": {"dist": "gamma"}}, "lognormal or weibull"),
+        ({"policies": ["fifo"]}, "fifo"),
+        ({"budget": {"fetches_per_page_per_day": [1], "seconds_per_day": [1]}}, "either"),
+        ({"warmup_days": 30}, "shorter"),
+    ],
+)
+def test_bad_scenarios_are_named(patch, message):
+    data = {**SMALL, **patch}
+    if patch.get("pages", 1) is None:
+        del data["pages"]
+    with pytest.raises(ScenarioError, match=message):
+        parse_scenario(data)
+
+
+def test_cost_budget_and_weibull_run():
+    scn = parse_scenario(
+        {
+            **SMALL,
+            "change_interval": {"dist": "weibull", "shape": 0.8, "scale_days": 5},
+            "budget": {"seconds_per_day": [300.0], "cost": {"a": 0.0001, "b": 0.5}},
+            "seeds": [1],
+        }
+    )
+    site = make_site(scn, 1)
+    log = simulate(site, PolicySpec("optimal", "optimal", "due"), 300.0, scn)
+    # Spends about its seconds: sum of a * size + b per day, never much more.
+    in_window = log.times >= 5
+    spent = np.sum(0.0001 * site.size[log.pages[in_window]] + 0.5) / 15
+    assert spent <= 300.0 * 1.05
