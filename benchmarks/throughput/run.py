@@ -148,11 +148,18 @@ def command(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: 
         cmd = [PY, "-m", "scrapy", "crawl", "vertical", "-a", f"site={site}",
                "-s", f"VERTICAL_STORE={store or f'sqlite:///{workdir / tag}.sqlite3'}"]
         cmd += common_settings(args, workdir, tag)
+        if getattr(args, "probe", False):
+            from vertical import settings as project
+            cmd += ["-s", "EXTENSIONS=" + json.dumps({**project.EXTENSIONS, "benchmarks.throughput.probe.Probe": 0}),
+                    "-s", f"PROBE_FILE={workdir / tag}.probe.json"]
         cwd = REPO
     else:
         cmd = [PY, "-m", "scrapy", "runspider", str(HERE / "plain_spider.py"),
                "-a", f"hosts={args.hosts}", "-a", f"port={args.port}",
-               "-s", 'EXTENSIONS={"vertical.extensions.StatsFile": 0}']
+               "-s", "EXTENSIONS=" + json.dumps({"vertical.extensions.StatsFile": 0, **(
+                   {"benchmarks.throughput.probe.Probe": 0} if getattr(args, "probe", False) else {})})]
+        if getattr(args, "probe", False):
+            cmd += ["-s", f"PROBE_FILE={workdir / tag}.probe.json"]
         cmd += common_settings(args, workdir, tag)
         cwd = workdir  # no scrapy.cfg here: Scrapy's default settings
     return cmd, cwd
@@ -173,7 +180,9 @@ def run_one(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: 
     elapsed = float(stats.get("elapsed_time_seconds", wall))
     cpu = usage.ru_utime + usage.ru_stime
     items = sum(1 for _ in open(workdir / f"{tag}.items.jsonl"))
+    probe = workdir / f"{tag}.probe.json"
     result = {
+        "probe": json.loads(probe.read_text()) if probe.exists() else None,
         "kind": kind, "tag": tag, "status": status, "pages": pages, "items": items,
         "elapsed": elapsed, "wall": wall,
         "pages_per_s": pages / elapsed, "pages_per_s_wall": pages / wall,
@@ -226,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("vertical", "plain"))
     parser.add_argument("--profile", choices=("py-spy", "cprofile"), help="after the rounds, profile one vertical crawl")
     parser.add_argument("--profile-plain", action="store_true", help="profile one plain crawl too")
+    parser.add_argument("--probe", action="store_true",
+                        help="sample the downloader's fill (benchmarks/throughput/probe.py) into TAG.probe.json")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
