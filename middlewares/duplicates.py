@@ -3,7 +3,7 @@
 :class:`DuplicateContentMiddleware` hashes the content of every 200 text
 response of a frontier request (:mod:`vertical.duplicates`: a content hash,
 and a simhash when the site's ``duplicates.near`` is on), keeps both in the
-page's record (``extra["content"]``, ``extra["simhash"]``) and looks them up
+page's record (``extra["content_hash"]``, ``extra["simhash"]``) and looks them up
 among the site's other pages. When another page has the same content, or a
 simhash within ``duplicates.threshold`` bits, the response's meta gets
 ``vertical.duplicate_of`` = that page's fingerprint, counted in
@@ -55,11 +55,13 @@ class DuplicateContentMiddleware:
         if not hasattr(scheduler, "frontier"):
             return  # not a frontier crawl: no records to compare
         site = scheduler.site
+        if not site.duplicates.enabled:
+            return
         self.near = site.duplicates.near
         self.index = DuplicateIndex(site.duplicates.threshold if self.near else None)
         for record in scheduler.frontier.iter_records(site.name):
-            if record.state == FETCHED and record.extra.get("content") is not None:
-                self.index.add(record.fingerprint, record.extra["content"], record.extra.get("simhash"))
+            if record.state == FETCHED and record.extra.get("content_hash") is not None:
+                self.index.add(record.fingerprint, record.extra["content_hash"], record.extra.get("simhash"))
 
     def process_response(self, request: Request, response: Response) -> Response:
         record: URLRecord | None = request.meta.get(META_RECORD)
@@ -70,15 +72,17 @@ class DuplicateContentMiddleware:
             return response
         if response.status != 200 or not isinstance(response, TextResponse):
             return response
-        parts = response.xpath(CONTENT_XPATH).getall() if isinstance(response, HtmlResponse) else [response.text]
+        # lxml directly: parsel would wrap every text node in a Selector.
+        parts = response.selector.root.xpath(CONTENT_XPATH) if isinstance(response, HtmlResponse) \
+            else [response.text]
         content, simhash = page_hashes(parts, near=self.near)
         if content is None:
             # No text to compare (a frameset, an image map): never a duplicate.
-            for key in ("content", "simhash"):
+            for key in ("content_hash", "simhash"):
                 record.extra.pop(key, None)
             self.index.discard(record.fingerprint)
             return response
-        record.extra["content"] = content
+        record.extra["content_hash"] = content
         if simhash is None:
             record.extra.pop("simhash", None)
         else:

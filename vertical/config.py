@@ -205,9 +205,10 @@ class TrapConfig:
 
 @dataclass(frozen=True)
 class DuplicateConfig:
-    """Duplicate detection: exact duplicates always; near duplicates when
-    ``near``, at most ``threshold`` differing bits of a 64-bit simhash."""
+    """Duplicate detection (``enabled``): exact duplicates, and near duplicates
+    when ``near``, at most ``threshold`` differing bits of a 64-bit simhash."""
 
+    enabled: bool = True
     near: bool = True
     threshold: int = 3
 
@@ -760,8 +761,9 @@ class _SiteParser:
         return TrapConfig(**values)
 
     def duplicates(self, data: dict[str, Any]) -> DuplicateConfig:
-        section = self.section(data, "duplicates", ("near", "threshold"))
+        section = self.section(data, "duplicates", ("enabled", "near", "threshold"))
         threshold = self.read(section, "duplicates", "threshold", self.integer, DuplicateConfig.threshold)
         if threshold > 64:
             self.fail("duplicates.threshold", f"is a number of differing bits of a 64-bit hash, not {threshold}")
-        return DuplicateConfig(near=self.read(section, "duplicates", "near", self.boolean, True), threshold=threshold)
+        return DuplicateConfig(enabled=self.read(section, "duplicates", "enabled", self.boolean, True),
+                               near=self.read(section, "duplicates", "near", self.boolean, True), threshold=threshold)

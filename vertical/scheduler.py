@@ -109,6 +109,10 @@ class FrontierScheduler(BaseScheduler):
         self._last_renew = 0.0
         self._handed_out = 0
         self._per_host: dict[str, int] = {}
+        # Handed out but not yet in a download slot (downloader middlewares,
+        # e.g. the robots.txt check, may hold a request for a while).
+        self._on_the_way: dict[int, str] = {}
+        self._on_the_way_per_host: Counter[str] = Counter()
         self._postponed: dict[str, float] = {}
 
     @classmethod
@@ -139,6 +143,8 @@ class FrontierScheduler(BaseScheduler):
         if state := self.frontier.get_meta(site.name, f"priority.{self.priority.name}"):
             self.priority.load_state(state)
         self.lane = lane_for(site, getattr(spider, "lane", None))
+        # A host's concurrency before its download slot exists.
+        self._concurrency = self._settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") or 1
         self.continuous = getattr(spider, "mode", None) == "continuous"
         self.max_pages = int(getattr(spider, "pages", 0) or self._settings.getint("VERTICAL_MAX_PAGES"))
         seconds = float(getattr(spider, "seconds", 0) or self._settings.getfloat("VERTICAL_MAX_SECONDS"))
@@ -163,6 +169,7 @@ class FrontierScheduler(BaseScheduler):
             per_day = 86400.0 * pol.concurrency / max(pol.delay, 0.05)
             self.schedule.set_budget(per_day, max(self.frontier.count(site.name), 1))
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
+        self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
         logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
                     self.frontier.uri, self.frontier.count(site.name), site.name, self.lane.name, self.owner)
         return None
@@ -235,6 +242,7 @@ class FrontierScheduler(BaseScheduler):
     def page_done(self, record: URLRecord, outlinks: Iterable[URLRecord] = ()) -> None:
         """Write a fetched page's record back (batched) and release its claim."""
         self._inflight.pop(record.fingerprint, None)
+        self._arrived(record.fingerprint)
         self._writes[record.fingerprint] = record
         for link in outlinks:
             if link.fingerprint != record.fingerprint:
@@ -286,9 +294,12 @@ class FrontierScheduler(BaseScheduler):
             if not queue:
                 continue
             slot = slots.get(host)
-            if slot is not None and len(slot.active) >= slot.concurrency:
+            busy = self._on_the_way_per_host[host] + (len(slot.active) if slot is not None else 0)
+            if busy >= (slot.concurrency if slot is not None else self._concurrency):
                 continue  # the host is busy; serve the next one
             record = heapq.heappop(queue)[2]
+            self._on_the_way[record.fingerprint] = host
+            self._on_the_way_per_host[host] += 1
             fetched = self._per_host[host] = self._per_host.get(host, 0) + 1
             if fetched == self.site.traps.max_pages_per_host:
                 # The host's page cap for this run: the rest waits for the next.
@@ -307,13 +318,19 @@ class FrontierScheduler(BaseScheduler):
             self._hosts.append(record.host)
         heapq.heappush(queue, (-self.priority.effective(record), next(self._seq), record))
 
-    def _refill(self) -> None:
+    def _held_back(self) -> list[str]:
+        """Hosts whose due records this process leaves alone for now:
+        postponed (robots.txt failed) or at their page cap for this run."""
         now = self.now()
         self._postponed = {h: t for h, t in self._postponed.items() if t > now}
-        busy = [h for h, q in self._queues.items() if len(q) >= self.batch]
-        busy += list(self._postponed)
+        held = list(self._postponed)
         if cap := self.site.traps.max_pages_per_host:
-            busy += [h for h, n in self._per_host.items() if n >= cap]
+            held += [h for h, n in self._per_host.items() if n >= cap]
+        return held
+
+    def _refill(self) -> None:
+        busy = [h for h, q in self._queues.items() if len(q) >= self.batch]
+        busy += self._held_back()
         records = self.frontier.claim_due(
             self.site.name, self.owner, self.now(), self.lease, self.batch, self.lane,
             exclude_hosts=busy, fetched_before=self.fetched_before,
@@ -326,7 +343,8 @@ class FrontierScheduler(BaseScheduler):
 
     def _due_in_store(self) -> bool:
         lane = self.lane
-        due = self.frontier.next_due(self.site.name, self.now(), lane, fetched_before=self.fetched_before)
+        due = self.frontier.next_due(self.site.name, self.now(), lane, fetched_before=self.fetched_before,
+                                     exclude_hosts=self._held_back())
         # Due and free now, or held by a lease that may yet run out: wait.
         return due is not None and due <= self.now() + self.lease
 
@@ -392,6 +410,15 @@ class FrontierScheduler(BaseScheduler):
             held += list(self._inflight)
             if held:
                 self.frontier.renew(self.site.name, self.owner, held, self.now() + self.lease)
+
+    def _reached_downloader(self, request: Request) -> None:
+        record = request.meta.get(META_RECORD)
+        if record is not None:
+            self._arrived(record.fingerprint)
+
+    def _arrived(self, fp: int) -> None:
+        if (host := self._on_the_way.pop(fp, None)) is not None:
+            self._on_the_way_per_host[host] -= 1
 
     def _on_idle(self) -> None:
         # The engine also goes idle between store polls; make sure the

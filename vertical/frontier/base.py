@@ -111,10 +111,10 @@ class Frontier(ABC):
 
     @abstractmethod
     def next_due(self, site: str, now: float, lane: Lane = ALL,
-                 fetched_before: float | None = None) -> float | None:
-        """The earliest time a record of this lane becomes claimable (its due
-        time, or the end of a lease on it), or None when there is none;
-        with ``fetched_before``, records fetched since then do not count."""
+                 fetched_before: float | None = None, exclude_hosts: Sequence[str] = ()) -> float | None:
+        """The earliest time a due record of this lane becomes claimable (now,
+        or the end of a lease on it), or None when there is none; records
+        fetched since ``fetched_before`` and of ``exclude_hosts`` do not count."""
 
     @abstractmethod
     def count_due(self, site: str, now: float, lane: Lane = ALL,

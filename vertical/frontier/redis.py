@@ -587,9 +587,9 @@ class RedisFrontier(Frontier):
         return [_decode(site, fp, p, le) for fp, p, le in zip(fps, packed, leases) if p is not None]
 
     def next_due(self, site: str, now: float, lane: Lane = ALL,
-                 fetched_before: float | None = None) -> float | None:
+                 fetched_before: float | None = None, exclude_hosts: Sequence[str] = ()) -> float | None:
         urls, due, _, lease = self._keys(site)
-        lane_args = _lane_args(lane, now, fetched_before)
+        lane_args = [*_lane_args(lane, now, fetched_before), SEP.join(exclude_hosts)]
         offset, best = 0, ""
         while offset >= 0:
             args = [_float(now), offset, SCAN_STEP, best, *lane_args]

@@ -315,13 +315,16 @@ class SQLiteFrontier(Frontier):
             )
 
     def next_due(self, site: str, now: float, lane: Lane = ALL,
-                 fetched_before: float | None = None) -> float | None:
+                 fetched_before: float | None = None, exclude_hosts: Sequence[str] = ()) -> float | None:
         lane_sql, lane_params = _lane_clause(lane, now)
         extra = ""
         params: list[Any] = [now, now, site, *_CLAIMABLE_STATES, *lane_params]
         if fetched_before is not None:
             extra = " AND fetch_time < ?"
             params.append(fetched_before)
+        if exclude_hosts:
+            extra += f" AND host NOT IN ({', '.join('?' * len(exclude_hosts))})"
+            params += list(exclude_hosts)
         # Due now: the lane clause already bounds next_fetch (a stale record
         # is claimable now whatever its next_fetch); what remains is the
         # earliest moment a lease on one of them runs out.
