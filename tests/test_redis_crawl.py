@@ -1,0 +1,195 @@
+"""Several crawl processes on one Redis frontier, and Redis faults during a
+crawl: real `scrapy crawl` subprocesses, a real redis-server, the demo site.
+What is checked is what the server saw (its request log), the items and the
+store, never the crawler's own account."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.crawling import collect, crawl, kill, site_file, start_crawl, wait_for
+from tests.redis_server import RedisServer
+from vertical.demo.server import serve
+from vertical.demo.site import DemoSite
+from vertical.frontier.redis import RedisFrontier
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+
+DAY = 86400
+SLACK = 0.01  # clock granularity between the server's handler threads
+AGENTS = ("crawler-a", "crawler-b", "crawler-c")
+# TEMPORARY until vertical/settings.py lists the middleware.
+ENABLE = {"DOWNLOADER_MIDDLEWARES": json.dumps({"middlewares.conditional.ConditionalRequestMiddleware": 560,
+                                                "middlewares.hostrate.HostRateMiddleware": 950}),
+          "VERTICAL_HOST_RATE_MARGIN": 0.02}
+
+
+def page_requests(server, agent: str | None = None) -> list[dict]:
+    return [r for r in server.requests if r["path"] != "/robots.txt"
+            and (agent is None or r["user_agent"] == agent)]
+
+
+def min_gap_per_host(requests: list[dict]) -> dict[str, float]:
+    """The shortest interval between consecutive requests to each host (by
+    arrival at the server), whoever sent them."""
+    times = defaultdict(list)
+    for r in requests:
+        times[r["host"]].append(r["t"])
+    return {host: min((b - a for a, b in zip(ts, ts[1:])), default=float("inf"))
+            for host, ts in times.items() if len(ts) > 1}
+
+
+def start_all(site: Path, store: str, tmp_path: Path, agents=AGENTS, settings=None):
+    return {agent: start_crawl(site, store, tmp_path, tag=agent,
+                               settings={"USER_AGENT": agent, **ENABLE, **(settings or {})}) for agent in agents}
+
+
+def finish(procs: dict, tmp_path: Path, timeout: float = 120) -> dict:
+    results = {}
+    for agent, proc in procs.items():
+        _, stderr = proc.communicate(timeout=timeout)
+        result = results[agent] = collect(tmp_path, proc.returncode, agent, stderr=stderr)
+        assert proc.returncode == 0, f"{agent} failed:\n{stderr[-3000:]}\n{result.log[-3000:]}"
+        assert "Traceback" not in result.log, result.log[-5000:]
+    return results
+
+
+def store_records(store: str, site: str = "demo") -> dict[str, object]:
+    frontier = RedisFrontier.from_uri(store)
+    try:
+        return {"/" + r.url.split("/", 3)[3]: r for r in frontier.iter_records(site)}
+    finally:
+        frontier.close()
+
+
+def documents(items: list[dict]) -> Counter:
+    """(path, key) of every item: one per film page, one per article of a year page."""
+    return Counter(("/" + i["url"].split("/", 3)[3], i["key"]) for i in items)
+
+
+def truth_documents(truth: dict[str, dict], base_url: str) -> set[tuple[str, str]]:
+    out = set()
+    for path, doc in truth.items():
+        if doc["document"] == "film":
+            out.add((path, base_url + path))
+        else:
+            out.update((path, title) for title in doc["records"])
+    return out
+
+
+def test_three_processes_share_the_frontier_and_the_host_rate(tmp_path, redis_url):
+    delay = 0.2
+    with serve(DemoSite(seed=0, films=60)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 1})
+        # Small claims, so that the processes share the site's one host.
+        results = finish(start_all(site, redis_url, tmp_path, settings={"VERTICAL_CLAIM_BATCH": 8}), tmp_path)
+        every = demo.requests
+        truth = demo.site.truth()
+    counts = Counter(r["path"] for r in page_requests_of(every))
+    assert set(truth) <= set(counts)
+    assert {p for p, n in counts.items() if n > 1} == set()
+    by_agent = Counter(r["user_agent"] for r in page_requests_of(every))
+    assert all(by_agent[a] > 0 for a in AGENTS), by_agent
+    # Three processes, one rate: robots.txt and pages alike, whoever sent them.
+    gaps = min_gap_per_host(every)
+    assert gaps and all(gap >= delay - SLACK for gap in gaps.values()), gaps
+    assert sum(r.stat("vertical/hostrate/reserved") for r in results.values()) == len(every)
+    items = [i for r in results.values() for i in r.items]
+    assert set(documents(items)) == truth_documents(truth, demo.url)
+    assert max(documents(items).values()) == 1
+
+
+def page_requests_of(requests: list[dict]) -> list[dict]:
+    return [r for r in requests if r["path"] != "/robots.txt"]
+
+
+def test_killed_process_leaves_its_urls_to_the_others(tmp_path, redis_url):
+    delay = 0.1
+    with serve(DemoSite(seed=0, films=60)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 1})
+        procs = start_all(site, redis_url, tmp_path, settings={"VERTICAL_LEASE": 4, "VERTICAL_CLAIM_BATCH": 8})
+        wait_for(lambda: all(len(page_requests(demo, a)) >= 5 for a in AGENTS))
+        victim = AGENTS[1]
+        kill(procs.pop(victim))
+        finish(procs, tmp_path)
+        every = demo.requests
+        truth = demo.site.truth()
+    counts = Counter(r["path"] for r in page_requests_of(every))
+    assert set(truth) <= set(counts)
+    # Fetched twice only if the killed process had fetched it but not written
+    # it back (records are written in batches): its lease ran out.
+    by_victim = {r["path"] for r in page_requests_of(every) if r["user_agent"] == victim}
+    assert {p for p, n in counts.items() if n > 1} <= by_victim
+    assert all(gap >= delay - SLACK for gap in min_gap_per_host(every).values())
+    records = store_records(redis_url)
+    assert not [p for p, r in records.items() if r.claim_owner]
+    assert all(records[p].visits for p in truth)
+
+
+def test_redis_restart_mid_crawl_loses_nothing(tmp_path):
+    with RedisServer(appendonly=True) as redis_server, serve(DemoSite(seed=0, films=60)) as demo:
+        store = f"{redis_server.url}/0?patience=60"
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.1, "concurrency": 1})
+        procs = start_all(site, store, tmp_path, agents=AGENTS[:2], settings={"VERTICAL_CLAIM_BATCH": 8})
+        wait_for(lambda: len(page_requests(demo)) >= 20)
+        redis_server.stop()
+        # Both processes must meet the outage: wait until neither fetches.
+        wait_for(lambda: quiet(demo, 1.0), timeout=30)
+        fetched_before_restart = len(page_requests(demo))
+        redis_server.start()  # same port and directory: the append-only file is replayed
+        results = finish(procs, tmp_path)
+        every = demo.requests
+        truth = demo.site.truth()
+        records = store_records(store)
+    assert fetched_before_restart < len(page_requests_of(every))  # the outage was mid-run
+    assert any("unreachable" in r.log for r in results.values())
+    counts = Counter(r["path"] for r in page_requests_of(every))
+    assert set(truth) <= set(counts)
+    assert {p for p, n in counts.items() if n > 1} == set()
+    # Exactly once: no process died and Redis lost no acknowledged write
+    # (appendfsync always), so every page was fetched, emitted and committed once.
+    items = documents(i for r in results.values() for i in r.items)
+    assert set(items) == truth_documents(truth, demo.url)
+    assert max(items.values()) == 1
+    assert all(records[p].visits == 1 and records[p].checksum for p in truth)
+    assert not [p for p, r in records.items() if r.claim_owner]
+
+
+def quiet(demo, seconds: float) -> bool:
+    """No request for ``seconds`` (measured at the server)."""
+    last = max((r["t"] for r in demo.requests), default=0.0)
+    return time.time() - last >= seconds
+
+
+def test_incremental_runs_on_redis(tmp_path, redis_url):
+    with serve(DemoSite(seed=0)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.02, "concurrency": 1},
+                         refetch={"initial": "1d", "min": "1h", "max": "3d", "factor": 2})
+        first = crawl(site, redis_url, tmp_path, tag="1", settings=ENABLE)
+        assert {i["status"] for i in first.items} == {"new"}
+
+        # Two days later the site has changed (step 1): two processes now.
+        demo.set_step(1)
+        plan = demo.site.changes(1)
+        demo.clear_log()
+        later = {"VERTICAL_TIME_OFFSET": 2 * DAY, "VERTICAL_CLAIM_BATCH": 8}
+        results = finish(start_all(site, redis_url, tmp_path, agents=AGENTS[:2], settings=later), tmp_path)
+        assert Counter(r["path"] for r in page_requests(demo)).most_common(1)[0][1] == 1
+    items = [i for r in results.values() for i in r.items]
+    films = {int(i["url"].rsplit("/", 1)[1]): i["status"] for i in items if i["document"] == "film"}
+    expected = {fid: "new" for fid in plan["new"]}
+    expected |= {fid: "changed" for fid in plan["changed"]}
+    expected |= {fid: "gone" for fid in plan["gone"]}
+    assert films == expected
+    assert len([i for i in items if i["document"] == "film"]) == len(expected)
+    records = store_records(redis_url)
+    for fid in plan["changed"]:
+        assert records[f"/film/{fid}"].refetch_delay == DAY / 2
+    assert records[f"/film/{plan['gone'][0]}"].state == "gone"
+
