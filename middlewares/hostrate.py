@@ -16,8 +16,11 @@ request then waits that long without blocking the reactor.
 What callers can rely on:
 
 * Requests to one host, from all processes sharing the store and site, are
-  sent at least the host's delay apart, whatever the processes' clocks
-  (up to each process's own latency between waking up and sending).
+  sent at least the host's delay apart, whatever the processes' clocks.
+  Reserved times are ``delay + VERTICAL_HOST_RATE_MARGIN`` apart: a process
+  busy with other work sends a few milliseconds after its time, and the
+  margin keeps such a late send from coming closer than the delay to the
+  next process's.
 * The delay is the host's download-slot delay: the site's politeness delay
   (``DOWNLOAD_DELAY``), or its per-slot value in ``DOWNLOAD_SLOTS``, which the
   robots middleware raises to the host's ``Crawl-delay``. A delay of 0 is not
@@ -56,7 +59,7 @@ from twisted.internet.defer import Deferred
 from vertical.frontier.redis import RETRY_DELAYS, RedisFrontier
 
 if TYPE_CHECKING:
-    from scrapy import Request, Spider
+    from scrapy import Request
     from scrapy.core.downloader import Downloader, Slot
     from scrapy.crawler import Crawler
     from typing_extensions import Self
@@ -134,7 +137,7 @@ class HostRateMiddleware:
             await maybe_deferred_to_future(waiter)
         sending.add(request)
 
-    def _left_downloader(self, request: Request, spider: Spider) -> None:
+    def _left_downloader(self, request: Request, **kwargs: object) -> None:
         key = request.meta.get("download_slot")
         if key is not None:
             self._done(key, request)
@@ -183,5 +186,5 @@ class HostRateMiddleware:
                 await sleep(backoff)
                 backoff = min(backoff * 2, RETRY_DELAYS[1])
 
-    def _close(self, spider: Spider) -> None:
+    def _close(self, **kwargs: object) -> None:
         self.redis.close()

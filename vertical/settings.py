@@ -66,6 +66,9 @@ DOWNLOADER_MIDDLEWARES = {
     # both after decompression (590) and redirects (600).
     "middlewares.duplicates.DuplicateContentMiddleware": 575,
     "middlewares.traps.TrapGuardMiddleware": 585,
+    # Redis stores only: one request rate per host for all crawl processes.
+    # Last to see a request, so that nothing after it drops or delays one.
+    "middlewares.hostrate.HostRateMiddleware": 950,
 }
 
 ITEM_PIPELINES = {
@@ -82,6 +85,10 @@ CONCURRENT_REQUESTS = 16
 CONCURRENT_REQUESTS_PER_DOMAIN = 1
 DOWNLOAD_DELAY = 1.0
 DOWNLOAD_DELAY_JITTER = 0
+# Redis stores: seconds added to a host's delay between the send times crawl
+# processes reserve, so that a busy process sending a little late never comes
+# closer than the delay to the next one (middlewares/hostrate.py).
+VERTICAL_HOST_RATE_MARGIN = 0.02
 DOWNLOAD_TIMEOUT = 30
 DOWNLOAD_MAXSIZE = 16 * 1024 * 1024
 DOWNLOAD_WARNSIZE = 4 * 1024 * 1024
