@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
-from scrapy import Request, signals
+from scrapy import signals
 
 from vertical import signals as vertical_signals
 from vertical.record import DUPLICATE, FETCHED, GONE, URLRecord
@@ -47,7 +47,7 @@ class PageOutcome:
     response: Response
     checksum: int = 0
     diff: PageDiff | None = None
-    links: Sequence[Request] = ()
+    links: Sequence[str] = ()  # canonical URLs of the links followed
     not_modified: bool = False
     gone: bool = False
     duplicate_of: int | None = None  # fingerprint of the page with the same content
@@ -172,8 +172,8 @@ class FrontierPipeline:
 
     # -- helpers ------------------------------------------------------------------
 
-    def _outlinks(self, links: Iterable[Request]) -> list[URLRecord]:
-        fps = {fingerprint(r.url) for r in links}
+    def _outlinks(self, links: Iterable[str]) -> list[URLRecord]:
+        fps = {fingerprint(url) for url in links}
         return list(self.scheduler.records_for(fps).values())
 
     def _count(self, *keys: str) -> None:

@@ -31,7 +31,7 @@ from vertical.config import ConfigError, load_site
 from vertical.extract import Record, extract_links, extract_records, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
-from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_PARENT, META_RECORD, META_SEED
+from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class CompositePage:
     rule: DocumentRule
     response: Response
     records: list[Record]
-    links: list[Request]
+    links: list[str]
     waiting: int
     urls: dict[str, str] = field(default_factory=dict)  # record key -> resource URL
     checksums: dict[str, int] = field(default_factory=dict)  # resource URL -> checksum
@@ -153,19 +153,22 @@ class VerticalSpider(Spider):
             yield from self._finish(record, PageOutcome(response, duplicate_of=original))
             return
         links = self._links(response, record)
+        # Straight to the frontier, not as requests through the scraper: its
+        # output queue runs ahead of the spider, so the page could be written
+        # back as fetched before its links were known, and a crawl killed then
+        # would lose them.
+        self.crawler.engine.scheduler.discover(links, record)  # type: ignore[union-attr]
         rule = match_rule(self.site, response.url) or match_rule(self.site, record.url)
         if rule is None:
             # A hub or listing page: it "changes" when its links change, so that
             # pages announcing new documents are refetched more often.
-            checksum = zlib.crc32("\n".join(sorted(r.url for r in links)).encode()) or 1
-            yield from links
+            checksum = zlib.crc32("\n".join(sorted(links)).encode()) or 1
             yield from self._finish(record, PageOutcome(response, checksum=checksum, links=links))
             return
 
         result = extract_records(rule, response, record.url)
         if result.skipped:
             self.crawler.stats.inc_value("vertical/extract/skipped", len(result.skipped))
-        yield from links
         if rule.fetch is not None and (stage := self._second_stage(record, rule, response, result.records, links)):
             yield from stage
             return
@@ -196,7 +199,7 @@ class VerticalSpider(Spider):
     # -- helpers ------------------------------------------------------------------
 
     def _document_page(self, record: URLRecord, response: Response, records: list[Record],
-                       links: list[Request], fetched_at: str) -> Iterator[Any]:
+                       links: list[str], fetched_at: str) -> Iterator[Any]:
         diff = diff_page(record.docs, records)
         items = [self._item(record, k, diff.docs[k], fetched_at, "new") for k in diff.new]
         items += [self._item(record, k, diff.docs[k], fetched_at, "changed") for k in diff.changed]
@@ -205,7 +208,7 @@ class VerticalSpider(Spider):
                                 items)
 
     def _second_stage(self, record: URLRecord, rule: DocumentRule, response: TextResponse,
-                      records: list[Record], links: list[Request]) -> list[Request]:
+                      records: list[Record], links: list[str]) -> list[Request]:
         stage = rule.fetch
         assert stage is not None
         urls: dict[str, str] = {}
@@ -250,25 +253,20 @@ class VerticalSpider(Spider):
         fetched_at = datetime.now(UTC).isoformat(timespec="seconds")
         yield from self._document_page(page.record, page.response, records, page.links, fetched_at)
 
-    def _links(self, response: TextResponse, record: URLRecord) -> list[Request]:
-        max_depth = self.site.follow.max_depth
-        level = record.level + 1
-        if max_depth is not None and level > max_depth:
-            return []
+    def _links(self, response: TextResponse, record: URLRecord) -> list[str]:
+        """The canonical URLs of the links to follow (``extract_links`` applies
+        the follow rules and ``max_depth``)."""
         strip = self.site.traps.strip_params
-        requests = []
-        hosts = set()
+        urls = []
         for link in extract_links(self.site, response, level=record.level):
             try:
-                url = canonicalize(link.url, strip)
+                urls.append(canonicalize(link.url, strip))
             except ValueError:
                 continue
-            hosts.add(host_of(url))
-            requests.append(Request(url, meta={META_LEVEL: level, META_PARENT: record}))
         # Seed 004: resolve new host names now, so that their first fetch
         # finds them cached.
-        prefetch(hosts - {record.host})
-        return requests
+        prefetch({host_of(url) for url in urls} - {record.host})
+        return urls
 
     def _item(self, record: URLRecord, key: str, doc: dict[str, Any], fetched_at: str, status: str) -> DocumentItem:
         return DocumentItem(site=self.site.name, document=doc["document"], url=record.url, key=key,

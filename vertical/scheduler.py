@@ -209,15 +209,25 @@ class FrontierScheduler(BaseScheduler):
             # they already belong to this process.
             self._direct.append(request)
             return True
-        url = request.url
+        self._discover(request.url, meta.get(META_LEVEL, 0), meta.get(META_PARENT), bool(meta.get(META_SEED)))
+        return True
+
+    def discover(self, urls: Iterable[str], parent: URLRecord) -> None:
+        """Links found on a fetched page (canonical URLs), one level below it.
+
+        They are stored before the page is written back, so a crawl killed at
+        any moment either refetches the page or knows its links."""
+        level = parent.level + 1
+        for url in urls:
+            self._discover(url, level, parent, False)
+
+    def _discover(self, url: str, level: int, parent: URLRecord | None, seed: bool) -> None:
         fp = fingerprint(url)
-        level = meta.get(META_LEVEL, 0)
         seen = self._discovered.get(fp)
         if seen is None or level < seen[2]:
-            self._discovered[fp] = (url, host_of(url), level, meta.get(META_PARENT), bool(meta.get(META_SEED)))
+            self._discovered[fp] = (url, host_of(url), level, parent, seed)
         if len(self._discovered) >= self.batch:
             self._flush_discovered()
-        return True
 
     def next_request(self) -> Request | None:
         self._maintain()
@@ -389,6 +399,9 @@ class FrontierScheduler(BaseScheduler):
             self.frontier.make_due(site, seeds, now, self.site.refetch.min)
 
     def _flush_writes(self) -> None:
+        # Links first: once a page is stored as fetched nobody fetches it
+        # again this run, so the links found on it must be stored already.
+        self._flush_discovered()
         if self._priority_writes:
             # Outlinks whose priority changed (OPIC credit): only that column set.
             self.frontier.save_priorities(self.site.name, list(self._priority_writes.values()))
