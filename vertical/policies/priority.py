@@ -97,10 +97,10 @@ class ScentPriority(PriorityPolicy):
 
     name = "scent"
 
-    #: Scent per step (fetch). Tuned with ``python -m vertical.sim``; see
-    #: benchmarks/FRESHNESS.md. It scales as 1/pages: a page gains
-    #: ``delta_s * pages`` per round of the site.
-    DEFAULT_DELTA_S = 1e-4
+    #: Scent per step (fetch): the best of the sweep 3e-5..1e-3 at every
+    #: budget on the 10^4-page standard scenario (benchmarks/FRESHNESS.md). It
+    #: scales as 1/pages: a page gains ``delta_s * pages`` per round of the site.
+    DEFAULT_DELTA_S = 1e-3
 
     def __init__(self, delta_s: float = DEFAULT_DELTA_S, initial: float = 10.0, **params: Any) -> None:
         super().__init__(**params)

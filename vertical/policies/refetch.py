@@ -120,8 +120,9 @@ class OptimalSchedule(FetchSchedule):
 
     * The rate of a page is estimated with :func:`~vertical.policies.estimate.cho_irregular`
       from the counts its visits leave in ``record.extra`` (four numbers),
-      plus ``prior_weight`` pseudo-visits at the initial delay that say "a new
-      page changes about once per ``initial``" and fade as real visits come.
+      plus ``prior_weight`` pseudo-visits ``prior_interval`` apart (default:
+      the initial delay) that say "a new page changes about once per
+      interval" and fade as real visits come.
     * The interval is ``1 / f`` with ``f`` from Cho and Garcia-Molina's
       optimal allocation (:func:`~vertical.policies.oracle.optimal_frequency`):
       ``(1/rate) (1 - (1 + r) e^-r) = mu``, ``r = rate / f``; pages changing

@@ -207,7 +207,7 @@ def simulate(
 
     tokens = 0.0
     next_day = 0.0
-    report_every = max(1, n_ticks // 20)
+    report_every = max(1, n_ticks // 10)
     for k in range(n_ticks):
         now = k * tick
         now_s = now * DAY

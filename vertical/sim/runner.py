@@ -26,11 +26,14 @@ __all__ = ["METRICS", "run_scenario"]
 #: Metrics averaged over seeds, in the order of results.json.
 METRICS = ("freshness", "age", "q", "wasted", "changes_captured", "discovery_p50", "discovery_p95", "discovery_missed")
 
-_site_cache: dict[tuple[int, int], Site] = {}
+_site_cache: dict[tuple[str, int], Site] = {}
+
+#: Runs on sites at least this large report their progress as they go.
+LARGE = 50_000
 
 
 def _site(scn: Scenario, seed: int) -> Site:
-    key = (id(scn), seed)
+    key = (repr(scn), seed)
     site = _site_cache.get(key)
     if site is None:
         _site_cache.clear()  # one site at a time: a 10^5-page site is large
@@ -51,7 +54,12 @@ def _closed_forms(site: Site, scn: Scenario, budget: float) -> dict[str, float]:
 
 def _job(scn: Scenario, seed: int, spec: PolicySpec, budget: float) -> dict[str, Any]:
     site = _site(scn, seed)
-    log = simulate(site, spec, budget, scn)
+    progress = None
+    if site.n >= LARGE:
+        def progress(share: float) -> None:
+            print(f"  {spec.label} budget={budget:g} seed={seed}: {share:4.0%}", file=sys.stderr, flush=True)
+
+    log = simulate(site, spec, budget, scn, progress=progress)
     result = asdict(score(site, log, scn.warmup_days))
     result["run_seconds"] = log.seconds
     result["fetches_per_day"] = result.pop("fetches") / (scn.horizon_days - scn.warmup_days)
