@@ -430,8 +430,9 @@ def fake_policies(monkeypatch):
         return factory
 
     module = types.ModuleType("vertical.policies")
-    module.SCHEDULES = {"adaptive": object, "custom": object}
-    module.PRIORITIES = {"level": object, "opic": object}
+    # With the real defaults, which a config without these keys names.
+    module.SCHEDULES = {"adaptive": object, "custom": object, "optimal": object}
+    module.PRIORITIES = {"due": object, "level": object, "opic": object}
     module.make_schedule = make("schedule", module.SCHEDULES)
     module.make_priority = make("priority", module.PRIORITIES)
     monkeypatch.setitem(sys.modules, "vertical.policies", module)
@@ -457,11 +458,11 @@ def test_policies_module_builds_the_policies(fake_policies):
 @pytest.mark.parametrize(
     ("data", "key", "problem"),
     [
-        ({"refetch": {"schedule": "nutch"}}, "refetch.schedule", "unknown schedule 'nutch' (known: adaptive, custom)"),
+        ({"refetch": {"schedule": "nutch"}}, "refetch.schedule", "unknown schedule 'nutch' (known: adaptive, custom, optimal)"),
         ({"refetch": {"schedule": "adaptve"}}, "refetch.schedule", "did you mean 'adaptive'?"),
-        ({"refetch": {"bad": 1}}, "refetch.schedule", "unknown parameter(s) for 'adaptive': bad"),
+        ({"refetch": {"schedule": "adaptive", "bad": 1}}, "refetch.schedule", "unknown parameter(s) for 'adaptive': bad"),
         ({"priority": {"policy": "scent"}}, "priority.policy", "unknown policy 'scent'"),
-        ({"priority": {"bad": 1}}, "priority.policy", "unknown parameter(s) for 'level': bad"),
+        ({"priority": {"policy": "level", "bad": 1}}, "priority.policy", "unknown parameter(s) for 'level': bad"),
     ],
 )
 def test_policies_module_errors(fake_policies, data, key, problem):

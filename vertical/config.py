@@ -28,6 +28,7 @@ from lxml import etree, html
 from parsel.csstranslator import HTMLTranslator
 
 from vertical.durations import parse_duration
+from vertical.policies import DEFAULT_PRIORITY, DEFAULT_SCHEDULE
 
 __all__ = [
     "ConfigError",
@@ -143,7 +144,7 @@ class FollowRules:
 class RefetchConfig:
     """Refetch delays in seconds; ``params`` are the schedule's own keys."""
 
-    schedule: str = "adaptive"
+    schedule: str = DEFAULT_SCHEDULE
     initial: float = 86400.0
     min: float = 3600.0
     max: float = 30 * 86400.0
@@ -167,7 +168,7 @@ class PolitenessConfig:
 class PriorityConfig:
     """The priority policy and its own keys."""
 
-    policy: str = "level"
+    policy: str = DEFAULT_PRIORITY
     params: dict[str, Any] = field(default_factory=dict)
 
 
