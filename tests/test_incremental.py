@@ -134,11 +134,34 @@ def test_killed_crawl_loses_no_url_record(tmp_path):
         assert result.returncode == 0
 
 
-def test_bad_config_stops_before_any_request(demo, tmp_path):
-    site = site_file(tmp_path, demo.url, documents=[{"name": "film", "match": "/film/(", "fields": {"t": "//h1"}}])
+@pytest.mark.parametrize(("override", "key", "problem"), [
+    ({"documents": [{"name": "film", "match": "/film/(", "fields": {"t": "//h1"}}]}, "documents[0].match", "regex"),
+    ({"documents": [{"match": "/film/", "fields": {"t": {"xpath": "//h1[["}}}]}, "documents[0].fields.t.xpath",
+     "XPath"),
+    ({"refetch": {"initial": "one day"}}, "refetch.initial", "duration"),
+    ({"politeness": {"concurrency": "two"}}, "politeness.concurrency", "integer"),
+    ({"folow": {"allow": ["/film/"]}}, "folow", "did you mean 'follow'"),
+    ({"documents": [{"name": "film", "fields": {"t": "//h1"}}]}, "documents[0].match", "missing"),
+])
+def test_bad_config_stops_before_any_request(demo, tmp_path, override, key, problem):
+    site = site_file(tmp_path, demo.url, **override)
     demo.clear_log()
     result = crawl(site, tmp_path / "f.sqlite3", tmp_path, check=False)
-    assert result.returncode != 0
-    assert f"{site}: documents[0].match:" in result.stderr
+    assert result.returncode == 2
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"vertical: bad site config: {site}: {key}: ")
+    assert problem in message
     assert "Traceback" not in result.stderr
+    assert demo.requests == []
+    assert not (tmp_path / "f.sqlite3").exists()
+
+
+def test_yaml_tags_construct_no_python_objects(demo, tmp_path):
+    site = tmp_path / "evil.yaml"
+    marker = tmp_path / "pwned"
+    site.write_text(f"name: evil\nstart_urls: !!python/object/apply:os.system ['touch {marker}']\n")
+    result = crawl(site, tmp_path / "f.sqlite3", tmp_path, check=False)
+    assert result.returncode == 2
+    assert f"{site}: line 2" in result.stderr
+    assert not marker.exists()
     assert demo.requests == []
