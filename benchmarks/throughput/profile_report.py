@@ -10,6 +10,7 @@ for frames whose file matches ``--match``.
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 import sys
 from collections import Counter
@@ -34,7 +35,8 @@ def load(path: Path) -> tuple[Counter[str], Counter[str], int]:
     self_: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     total = 0
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack:
             continue
