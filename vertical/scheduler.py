@@ -142,6 +142,9 @@ class FrontierScheduler(BaseScheduler):
         self.priority = make_priority(site.priority.policy, **site.priority.params)
         if state := self.frontier.get_meta(site.name, f"priority.{self.priority.name}"):
             self.priority.load_state(state)
+        if hasattr(self.schedule, "load_state") and (
+                state := self.frontier.get_meta(site.name, f"schedule.{self.schedule.name}")):
+            self.schedule.load_state(state)
         self.lane = lane_for(site, getattr(spider, "lane", None))
         # A host's concurrency before its download slot exists.
         self._concurrency = self._settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") or 1
@@ -179,6 +182,8 @@ class FrontierScheduler(BaseScheduler):
         self._flush_writes()
         self.frontier.release(self.site.name, self.owner)
         self.frontier.set_meta(self.site.name, f"priority.{self.priority.name}", dict(self.priority.state()))
+        if hasattr(self.schedule, "state"):
+            self.frontier.set_meta(self.site.name, f"schedule.{self.schedule.name}", dict(self.schedule.state()))
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
         if self.host_guard and self.host_guard.guarded_hosts:
