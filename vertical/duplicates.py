@@ -39,6 +39,7 @@ import xxhash
 
 __all__ = [
     "CONTENT_XPATH",
+    "MAX_WORDS",
     "MIN_SHINGLES",
     "SHINGLE",
     "DuplicateIndex",
@@ -56,6 +57,8 @@ CONTENT_XPATH = (
     f" | (/html/body[not(.//main)]//text()[not({_NOT_CONTENT} or {_BOILERPLATE})]"
     f" | /html/body[not(.//main)]//a[not({_BOILERPLATE})]/@href)"
 )
+#: Words of a page's content stream that its simhash covers.
+MAX_WORDS = 1000
 #: Words per shingle.
 SHINGLE = 4
 #: Fewer shingles than this: no simhash. A few words more or less flip too
@@ -85,7 +88,9 @@ def simhash(parts: Iterable[str]) -> int | None:
     """Charikar's 64-bit simhash of the lower-cased word :data:`SHINGLE`-shingles
     of the content stream (each distinct shingle weighs 1); None when there are
     fewer than :data:`MIN_SHINGLES` of them."""
-    words = _WORD.findall(" ".join(parts).lower())
+    # The first MAX_WORDS words: enough to tell copies apart, and a bound on
+    # the cost (one hash per shingle) of very long pages.
+    words = _WORD.findall(" ".join(parts).lower())[:MAX_WORDS]
     shingles = {" ".join(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)}
     if len(shingles) < MIN_SHINGLES:
         return None

@@ -156,9 +156,10 @@ class FrontierScheduler(BaseScheduler):
         # Within one run a URL is fetched at most once (by any process);
         # a continuous crawl has no end, so its URLs come back when due.
         self.fetched_before = None if self.continuous else self.run_start
+        records = self.frontier.count(site.name)
         self.seen = SeenTest(
             lookup=lambda fps: self.frontier.known(site.name, fps),
-            capacity=max(self._settings.getint("VERTICAL_SEEN_CAPACITY"), self.frontier.count(site.name) * 2),
+            capacity=max(self._settings.getint("VERTICAL_SEEN_CAPACITY"), records * 2),
             error_rate=self._settings.getfloat("VERTICAL_SEEN_ERROR_RATE"),
             cache_size=self._settings.getint("VERTICAL_SEEN_CACHE"),
         )
@@ -170,11 +171,11 @@ class FrontierScheduler(BaseScheduler):
             # The site's politeness is the fetch budget: pages per day it allows.
             pol = site.politeness
             per_day = 86400.0 * pol.concurrency / max(pol.delay, 0.05)
-            self.schedule.set_budget(per_day, max(self.frontier.count(site.name), 1))
+            self.schedule.set_budget(per_day, max(records, 1))
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
         logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
-                    self.frontier.uri, self.frontier.count(site.name), site.name, self.lane.name, self.owner)
+                    self.frontier.uri, records, site.name, self.lane.name, self.owner)
         return None
 
     def close(self, reason: str) -> Deferred[None] | None:
@@ -357,6 +358,9 @@ class FrontierScheduler(BaseScheduler):
             self._next_poll = self.now() + _POLL
 
     def _due_in_store(self) -> bool:
+        if self._writes and not self._inflight:
+            # Pages this process fetched still count as due until written back.
+            self._flush_writes()
         lane = self.lane
         due = self.frontier.next_due(self.site.name, self.now(), lane, fetched_before=self.fetched_before,
                                      exclude_hosts=self._held_back())

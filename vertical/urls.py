@@ -72,6 +72,12 @@ def canonicalize(url: str, strip_params: Iterable[str] = (), base: str | None = 
     (``mailto:``, ``javascript:``, a relative URL without ``base``), that has
     no host or an invalid one, or whose port is not a number below 65536.
     """
+    # The same links recur on every page of a site (navigation, listings).
+    return _canonicalize(url, strip_params if isinstance(strip_params, tuple) else tuple(strip_params), base)
+
+
+@lru_cache(maxsize=2**16)
+def _canonicalize(url: str, strip_params: tuple[str, ...], base: str | None) -> str:
     scheme, netloc, rest = _split(url, base)
     userinfo, sep, hostport = netloc.rpartition("@")
     if hostport.startswith("["):
@@ -99,7 +105,7 @@ def canonicalize(url: str, strip_params: Iterable[str] = (), base: str | None = 
     # less strictly than the URL Standard, so it gets one it cannot misread.
     canon = canonicalize_url(f"{scheme}://{netloc}{rest}", keep_blank_values=True)
     if strip_params:
-        canon = _strip_params(canon, _param_matcher(tuple(strip_params)))
+        canon = _strip_params(canon, _param_matcher(strip_params))
     return canon
 
 
