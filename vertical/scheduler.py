@@ -203,7 +203,9 @@ class FrontierScheduler(BaseScheduler):
             return True
         now = time.monotonic()
         checked_at, pending = self._pending_cache
-        if now - checked_at >= _POLL:
+        # While pages are in flight the engine asks often: ask the store once
+        # a second. With none, this is the end-of-run question: ask now.
+        if now - checked_at >= _POLL or not self._inflight:
             pending = self._due_in_store()
             self._pending_cache = (now, pending)
         return pending
