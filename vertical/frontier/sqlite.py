@@ -49,8 +49,9 @@ CREATE TABLE IF NOT EXISTS urls (
 );
 -- Due records in time order: the cheap path when few records are due.
 CREATE INDEX IF NOT EXISTS urls_due ON urls (site, next_fetch);
--- Records in priority order: the cheap path when many are due.
-CREATE INDEX IF NOT EXISTS urls_priority ON urls (site, priority DESC);
+-- Records in priority order: the cheap path when many are due. The due and
+-- run filters' columns ride along, so the walk skips rows without reading them.
+CREATE INDEX IF NOT EXISTS urls_priority ON urls (site, priority DESC, next_fetch, fetch_time, claim_until);
 CREATE INDEX IF NOT EXISTS urls_claims ON urls (claim_owner) WHERE claim_owner IS NOT NULL;
 CREATE TABLE IF NOT EXISTS meta (
     site TEXT NOT NULL,
