@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
@@ -60,7 +60,6 @@ class _Pending:
     outlinks: list[URLRecord]
     previous: tuple[int, dict[str, Any]]  # checksum and docs before this fetch
     failed: bool = False
-    documents: set[str] = field(default_factory=set)
 
 
 class FrontierPipeline:

@@ -71,6 +71,12 @@ class Frontier(ABC):
     def get_many(self, site: str, fingerprints: Iterable[int]) -> dict[int, URLRecord]:
         """Records by fingerprint (missing ones left out)."""
 
+    @staticmethod
+    def _released(records: Sequence[URLRecord]) -> None:
+        """Drop the claims of records about to be saved with ``release``."""
+        for record in records:
+            record.claim_owner, record.claim_until = None, 0.0
+
     def get(self, site: str, fingerprint: int) -> URLRecord | None:
         return self.get_many(site, [fingerprint]).get(fingerprint)
 

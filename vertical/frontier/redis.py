@@ -475,8 +475,7 @@ class RedisFrontier(Frontier):
         if not records:
             return
         if release:
-            for record in records:
-                record.claim_owner, record.claim_until = None, 0.0
+            self._released(records)
         by_site: dict[str, list[URLRecord]] = {}
         for record in records:
             by_site.setdefault(record.site, []).append(record)

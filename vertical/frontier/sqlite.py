@@ -198,8 +198,7 @@ class SQLiteFrontier(Frontier):
         if not records:
             return
         if release:
-            for record in records:
-                record.claim_owner, record.claim_until = None, 0.0
+            self._released(records)
         sql = f"INSERT OR REPLACE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
         with self._transaction() as db:
             db.executemany(sql, [_record_to_row(r) for r in records])
