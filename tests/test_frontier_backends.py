@@ -16,6 +16,7 @@ from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.frontier.redis import RedisFrontier
 from vertical.record import DUPLICATE, FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.scheduler import lane_for
+from vertical.urls import fingerprint
 
 SITE = "movies"
 NOW = 1_700_000_000.0
@@ -379,6 +380,21 @@ def test_iter_records_fingerprints_count_sites(frontier):
     assert sorted(r.fingerprint for r in frontier.iter_records(SITE)) == sorted(rec(i).fingerprint for i in range(30))
     assert len(list(frontier.iter_records())) == 35
     assert {r.site for r in frontier.iter_records("b-site")} == {"b-site"}
+
+
+def test_sample_is_spread_over_the_site(frontier):
+    def page(i: int, site: str = SITE) -> URLRecord:  # real fingerprints: hashes of the URL
+        return dataclasses.replace(rec(i, site=site), fingerprint=fingerprint(f"http://x.example/page/{i}"))
+
+    frontier.add([page(i) for i in range(600)] + [page(i, site="other") for i in range(50)])
+    whole = frontier.sample(SITE, 1000)
+    assert len(whole) == 600 and fps(whole) == fps(page(i) for i in range(600))
+    some = frontier.sample(SITE, 100)
+    assert len(some) == len(fps(some)) == 100 and {r.site for r in some} == {SITE}
+    # Not the first records added: a sample of the whole site, old and new.
+    numbers = [int(r.url.rsplit("/", 1)[1]) for r in some]
+    assert min(numbers) < 150 and max(numbers) > 450
+    assert frontier.sample(SITE, 0) == [] and frontier.sample("nobody", 10) == []
 
 
 def test_meta(frontier):

@@ -106,6 +106,40 @@ def test_second_run_emits_only_changes_and_adapts_delays(demo, tmp_path):
         assert final[f"/film/{fid}"].refetch_delay == DAY  # unchanged since: 12h * 2
 
 
+def test_default_schedule_learns_the_sites_change_rates(demo, tmp_path):
+    """The default schedule (optimal, no refetch.schedule in the config) learns
+    the site's distribution of change rates from a sample of the store when a
+    run opens, and keeps it in the store's meta for the next run."""
+    site = site_file(tmp_path, demo.url, refetch={"schedule": None, "initial": "1d", "min": "1h", "max": "30d"})
+    store = tmp_path / "f.sqlite3"
+    first = crawl(site, store, tmp_path, tag="1")
+    assert first.stat("vertical/schedule/learned_from") == 0  # nothing visited twice yet
+    demo.set_step(1)
+    plan = demo.site.changes(1)
+    crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": 2 * DAY})
+    # Documents visited twice; the entry page (level 0) announces, it is not learned from.
+    revisited = [r for r in records(store).values() if "chg" in r.extra and r.level > 0]
+    demo.set_step(2)
+    third = crawl(site, store, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": 4 * DAY})
+    assert third.stat("vertical/schedule/learned_from") == len(revisited) > 0
+    after = records(store)
+
+    frontier = SQLiteFrontier(store)
+    try:
+        state = frontier.get_meta("demo", "schedule.optimal")
+    finally:
+        frontier.close()
+    weights = state["population"]
+    assert sum(weights) == pytest.approx(1.0)
+    # Most films never change: the static share learned is well above the
+    # even start (1/2).
+    assert weights[0] > 0.6
+    changed = after[f"/film/{plan['changed'][0]}"]
+    quiet = [r for p, r in after.items() if p.startswith("/film/") and "chg" in r.extra
+             and int(p.rsplit("/", 1)[1]) not in plan["changed"] + plan["gone"]]
+    assert quiet and all(changed.extra["rate"] > r.extra["rate"] for r in quiet)
+
+
 def first_fields(result, url: str) -> dict:
     return next(i["fields"] for i in result.items if i["url"] == url)
 

@@ -61,6 +61,8 @@ META_DIRECT = "vertical.direct"  # not a frontier URL: serve first, store nothin
 META_DUPLICATE = "vertical.duplicate_of"  # set on a response whose content another page has
 
 _POLL = 1.0  # seconds between store polls when nothing was claimable
+LEARN_SAMPLE = 2000  # records a learning schedule sees at open (the site's rates)
+LEARN_ITERATIONS = 20  # its EM steps then, from the weights of the last run
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:
@@ -167,16 +169,32 @@ class FrontierScheduler(BaseScheduler):
         traps = site.traps
         self.host_guard = HostGuard(share=traps.host_share_guard, min_urls=traps.host_share_min_pages) \
             if traps.host_share_guard else None
-        if hasattr(self.schedule, "set_budget"):
-            # The site's politeness is the fetch budget: pages per day it allows.
-            pol = site.politeness
-            per_day = 86400.0 * pol.concurrency / max(pol.delay, 0.05)
-            self.schedule.set_budget(per_day, max(records, 1))
+        self._fit_schedule(records)
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
         logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
                     self.frontier.uri, records, site.name, self.lane.name, self.owner)
         return None
+
+    def _fit_schedule(self, records: int) -> None:
+        """Let a learning schedule see a sample of the site's records (its
+        distribution of change rates) and fit the price of a fetch to the
+        budget the site's politeness allows: pages per day."""
+        sample: list[URLRecord] = []
+        if hasattr(self.schedule, "learn") and records:
+            sample = self.frontier.sample(self.site.name, LEARN_SAMPLE)
+            # Once a run: enough EM steps to settle from the persisted weights.
+            used = self.schedule.learn(sample, iterations=LEARN_ITERATIONS, sample=LEARN_SAMPLE)
+            self.stats.set_value("vertical/schedule/learned_from", used)
+        if hasattr(self.schedule, "set_budget"):
+            pol = self.site.politeness
+            per_day = 86400.0 * pol.concurrency / max(pol.delay, 0.05)
+            if sample and hasattr(self.schedule, "rate"):
+                # The sample stands for the site: its share of the budget, its rates.
+                share = len(sample) / records
+                self.schedule.set_budget(per_day * share, len(sample), [self.schedule.rate(r) for r in sample])
+            else:
+                self.schedule.set_budget(per_day, max(records, 1))
 
     def close(self, reason: str) -> Deferred[None] | None:
         self._flush_discovered(claim=False)

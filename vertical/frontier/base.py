@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from vertical.record import URLRecord
@@ -132,6 +133,14 @@ class Frontier(ABC):
     @abstractmethod
     def iter_records(self, site: str | None = None) -> Iterator[URLRecord]:
         """Every record (of one site), in no particular order."""
+
+    def sample(self, site: str, n: int) -> list[URLRecord]:
+        """About ``n`` records of a site chosen without regard to their age
+        or level (to learn what the site's pages are like). This default
+        takes the first ``n`` of :meth:`iter_records`: fine where that order
+        is a hash order (Redis's HSCAN); stores that iterate in insertion
+        order override it."""
+        return list(islice(self.iter_records(site), max(n, 0)))
 
     @abstractmethod
     def fingerprints(self, site: str) -> Iterator[int]:

@@ -8,6 +8,7 @@ the owner's lease is one atomic step across processes.
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -373,6 +374,20 @@ class SQLiteFrontier(Frontier):
             else self._db.execute(sql, params)
         for row in cursor:
             yield _row_to_record(row)
+
+    def sample(self, site: str, n: int) -> list[URLRecord]:
+        """The ``n`` records from a random fingerprint on (wrapping around):
+        fingerprints are hashes, so a run of them is a uniform sample, read
+        from the primary key without a scan."""
+        if n <= 0:
+            return []
+        start = random.randrange(-(1 << 63), 1 << 63)
+        cols = ", ".join(_COLUMNS)
+        rows = self._read(f"SELECT {cols} FROM urls WHERE site = ? AND fp >= ? ORDER BY fp LIMIT ?", (site, start, n))
+        if len(rows) < n:
+            rows += self._read(f"SELECT {cols} FROM urls WHERE site = ? AND fp < ? ORDER BY fp LIMIT ?",
+                               (site, start, n - len(rows)))
+        return [_row_to_record(row) for row in rows]
 
     def fingerprints(self, site: str) -> Iterator[int]:
         """Every fingerprint of a site (to rebuild the seen-test filter)."""

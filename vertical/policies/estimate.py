@@ -19,16 +19,31 @@ unchanged visits and the time each kind covered. It solves the maximum
 likelihood equation with every changed interval replaced by their mean, and
 keeps the 0.5 corrections; with equal intervals it *is* the formula above.
 
+A page visited a handful of times says little about its own rate, but a site
+says a lot about its pages: :class:`RateDistribution` learns the site's
+distribution of change rates from all its pages' counts (empirical Bayes:
+a histogram over a log grid of rates plus a mass of pages that never change,
+fitted by EM), and gives each page a posterior over that grid.
+
 Pure Python, no I/O.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import MutableMapping
+import random
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import Any
 
-__all__ = ["COUNTS_KEY", "cho_irregular", "cho_regular", "counts", "naive_rate", "observe"]
+__all__ = [
+    "COUNTS_KEY",
+    "RateDistribution",
+    "cho_irregular",
+    "cho_regular",
+    "counts",
+    "naive_rate",
+    "observe",
+]
 
 #: Key of ``record.extra`` holding ``[changed, unchanged, changed_time, unchanged_time]``.
 COUNTS_KEY = "chg"
@@ -89,3 +104,97 @@ def counts(extra: MutableMapping[str, Any]) -> tuple[int, int, float, float]:
     if c is None:
         return 0, 0, 0.0, 0.0
     return int(c[0]), int(c[1]), float(c[2]), float(c[3])
+
+
+History = tuple[float, float, float, float]
+
+
+class RateDistribution:
+    """The distribution of change rates among a site's pages, learned from
+    their visits, and each page's posterior under it.
+
+    The rates are a grid, log-spaced ``per_decade`` from ``low`` to ``high``
+    (per second), plus the rate 0 of pages that never change (index 0 of
+    :attr:`rates` and :attr:`weights`). The likelihood of a page's counts
+    ``(changed, unchanged, changed_time, unchanged_time)`` at rate ``l`` is the
+    one :func:`cho_irregular` maximises: ``(1 - e^(-l t))^changed *
+    e^(-l unchanged_time)`` with ``t`` the mean changed interval.
+
+    :meth:`fit` runs EM steps over many pages' counts (the non-parametric
+    maximum likelihood prior); :meth:`posterior` then weighs the grid for one
+    page, so a page seen unchanged twice is probably static on a site where
+    most pages are, and a page seen changed once is not assumed to change
+    every day. The starting weights (half static, the rest even over the
+    grid) say nothing until pages have been visited twice.
+    """
+
+    def __init__(self, low: float, high: float, per_decade: int = 6) -> None:
+        if not 0 < low < high or per_decade < 1:
+            raise ValueError("need 0 < low < high and per_decade >= 1")
+        n = max(2, math.ceil(per_decade * math.log10(high / low)) + 1)
+        self.rates = [0.0] + [low * (high / low) ** (i / (n - 1)) for i in range(n)]
+        self.weights = [0.5] + [0.5 / n] * n
+        self._log_weights = self._logs(self.weights)
+
+    @staticmethod
+    def _logs(weights: Sequence[float]) -> list[float]:
+        return [math.log(w) if w > 0 else -math.inf for w in weights]
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Replace the weights (e.g. the learned ones of an earlier run)."""
+        if len(weights) != len(self.rates) or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"need {len(self.rates)} non-negative weights, not all zero")
+        total = float(sum(weights))
+        self.weights = [w / total for w in weights]
+        self._log_weights = self._logs(self.weights)
+
+    def posterior(self, changed: float, unchanged: float, changed_time: float, unchanged_time: float) -> list[float]:
+        """The probability of each rate of :attr:`rates` given a page's counts."""
+        if changed <= 0 and unchanged <= 0:
+            return list(self.weights)
+        mean_changed = changed_time / changed if changed > 0 else 0.0
+        logs = []
+        for rate, log_weight in zip(self.rates, self._log_weights):
+            if rate == 0.0:
+                logs.append(log_weight if changed <= 0 else -math.inf)
+                continue
+            ll = log_weight - rate * unchanged_time
+            if changed > 0:
+                x = rate * mean_changed
+                ll += changed * (math.log(-math.expm1(-x)) if x > 1e-12 else math.log(max(x, 1e-300)))
+            logs.append(ll)
+        top = max(logs)
+        post = [math.exp(v - top) if v > -math.inf else 0.0 for v in logs]
+        total = sum(post)
+        return [p / total for p in post]
+
+    def mean(self, posterior: Sequence[float]) -> float:
+        """The expected rate under ``posterior`` (per second)."""
+        return math.fsum(p * r for p, r in zip(posterior, self.rates))
+
+    def fit(self, histories: Iterable[History], iterations: int = 1, sample: int = 1000,
+            rng: random.Random | None = None) -> int:
+        """Run ``iterations`` EM steps from the current weights over the
+        counts of up to ``sample`` pages (a uniform sample of those visited
+        at least twice; the others say nothing). Returns the pages used."""
+        rng = rng or random.Random(0)
+        chosen: list[History] = []
+        seen = 0
+        for h in histories:
+            if h[0] + h[1] <= 0:
+                continue
+            seen += 1
+            if len(chosen) < sample:
+                chosen.append(h)
+            elif (j := rng.randrange(seen)) < sample:  # reservoir sampling
+                chosen[j] = h
+        if not chosen:
+            return 0
+        for _ in range(iterations):
+            acc = [0.0] * len(self.rates)
+            for h in chosen:
+                for i, p in enumerate(self.posterior(*h)):
+                    acc[i] += p
+            # A floor keeps every rate possible: a weight at 0 could never come back.
+            self.set_weights([max(a / len(chosen), 1e-9) for a in acc])
+        return len(chosen)

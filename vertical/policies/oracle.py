@@ -33,6 +33,7 @@ from vertical.record import URLRecord
 __all__ = [
     "Allocation",
     "OracleSchedule",
+    "bayes_interval",
     "expected_age",
     "expected_freshness",
     "fit_mu",
@@ -108,6 +109,52 @@ def optimal_frequency(rate: float, mu: float, weight: float = 1.0) -> float:
     if y >= 1.0:
         return 0.0
     return rate / _inverse_marginal_gain(y)
+
+
+def bayes_interval(
+    rates: Sequence[float],
+    probabilities: Sequence[float],
+    mu: float,
+    shortest: float,
+    longest: float,
+    *,
+    tolerance: float = 0.01,
+) -> float:
+    """The refetch interval in ``[shortest, longest]`` that maximises
+    *expected* freshness less ``mu`` per fetch when the rate is only known as
+    ``probabilities`` over ``rates`` (a posterior).
+
+    Expected freshness is concave in the frequency, so the best interval
+    ``T`` solves ``sum(p / rate * (1 - (1 + r) e^-r)) = mu`` with
+    ``r = rate * T`` (the condition of :func:`optimal_frequency`, averaged);
+    the left side grows with ``T``, so bisection on ``log T`` to within
+    ``tolerance`` finds it. A page that changes at no rate of the posterior
+    (or only too fast to chase) gets ``longest``. With all the probability on
+    one rate it is ``1 / optimal_frequency(rate, mu)``, clamped.
+    """
+    terms = [(p, r) for p, r in zip(probabilities, rates) if p > 1e-6 and r > 0]
+
+    def gain(interval: float) -> float:
+        return sum(p / r * marginal_gain(r * interval) for p, r in terms)
+
+    if not terms:
+        return longest
+    # The bisection runs on log T: keep both ends finite and positive (the
+    # gain is flat far beyond the rates' own time scales).
+    lo_end = max(shortest, 1e-6 / max(r for _, r in terms))
+    hi_end = min(longest, 1e6 / min(r for _, r in terms))
+    if gain(hi_end) < mu:
+        return longest
+    if gain(lo_end) >= mu:
+        return lo_end
+    lo, hi = math.log(lo_end), math.log(hi_end)
+    while hi - lo > tolerance:
+        mid = 0.5 * (lo + hi)
+        if gain(math.exp(mid)) > mu:
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(0.5 * (lo + hi))
 
 
 def _clamped_total(groups: Sequence[tuple[float, float, float]], mu: float, f_min: float, f_max: float) -> float:

@@ -17,17 +17,22 @@ same :class:`~vertical.record.URLRecord` objects. Times are seconds.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable
 from typing import Any
 
 from vertical.policies.base import FetchSchedule
-from vertical.policies.estimate import cho_irregular, counts, observe
-from vertical.policies.oracle import fit_mu, marginal_gain, optimal_frequency
+from vertical.policies.estimate import RateDistribution, cho_irregular, counts, observe
+from vertical.policies.oracle import bayes_interval, fit_mu, marginal_gain, optimal_frequency
 from vertical.record import URLRecord
 
 __all__ = ["AdaptiveSchedule", "FixedSchedule", "NutchSchedule", "OptimalSchedule"]
 
 DAY = 86400.0
+
+#: Key of ``record.extra`` holding a document's estimated change rate (per
+#: second) as of its last visit.
+RATE_KEY = "rate"
 
 
 class FixedSchedule(FetchSchedule):
@@ -118,13 +123,23 @@ class OptimalSchedule(FetchSchedule):
     """Refetch each page at the interval that maximises the crawl's expected
     freshness for its budget, from change rates learned online.
 
-    * The rate of a page is estimated with :func:`~vertical.policies.estimate.cho_irregular`
-      from the counts its visits leave in ``record.extra`` (four numbers),
-      plus ``prior_weight`` pseudo-visits ``prior_interval`` apart (default:
-      the initial delay) that say "a new page changes about once per
-      interval" and fade as real visits come.
-    * The interval is ``1 / f`` with ``f`` from Cho and Garcia-Molina's
-      optimal allocation (:func:`~vertical.policies.oracle.optimal_frequency`):
+    * Each visit adds to four counts in ``record.extra`` (see
+      :func:`~vertical.policies.estimate.observe`).
+    * With ``population`` (the default) the schedule also knows the site's
+      distribution of change rates (a
+      :class:`~vertical.policies.estimate.RateDistribution` fitted by
+      :meth:`learn` from many pages' counts), and a document's interval is
+      the one that maximises its *expected* freshness less ``mu`` per fetch
+      under its posterior (:func:`~vertical.policies.oracle.bayes_interval`).
+      A page visited a few times thus borrows from the whole site: on the
+      standard scenario of ``benchmarks/FRESHNESS.md`` this is what lifts
+      the smallest budget from 95.5% to over 97% of the oracle.
+    * Without it (and always for the announcing pages, below) the rate is
+      :func:`~vertical.policies.estimate.cho_irregular` of the counts plus
+      ``prior_weight`` pseudo-visits ``prior_interval`` apart (default: the
+      initial delay), and the interval is ``1 / f`` with ``f`` from Cho and
+      Garcia-Molina's optimal allocation
+      (:func:`~vertical.policies.oracle.optimal_frequency`):
       ``(1/rate) (1 - (1 + r) e^-r) = mu``, ``r = rate / f``; pages changing
       faster than ``1 / mu`` are not worth chasing and wait ``max_delay``.
     * ``mu`` (seconds) is the price of a fetch. :meth:`set_budget` fits it to
@@ -150,6 +165,7 @@ class OptimalSchedule(FetchSchedule):
         prior_interval: float | None = None,
         hub_level: int = 0,
         hub_changes: float = 3.0,
+        population: bool = True,
         mu: float | None = None,
         **params: Any,
     ) -> None:
@@ -167,15 +183,42 @@ class OptimalSchedule(FetchSchedule):
             raise ValueError("optimal: hub_changes must be positive")
         self.hub_changes = float(hub_changes)
         self.mu = float(mu) if mu is not None else base * marginal_gain(1.0)
+        # Rates from a tenth of the slowest refetch (slower is as good as
+        # static) to ten times the fastest (faster cannot be chased anyway).
+        slowest = self.max_delay if math.isfinite(self.max_delay) and self.max_delay > 0 else 365 * DAY
+        fastest = self.min_delay if self.min_delay > 0 else slowest / 1e6
+        self.population = RateDistribution(0.1 / slowest, 10.0 / fastest) if population else None
+        self._rng = random.Random(0)  # sampling in learn(): the same runs give the same schedule
 
     # -- estimation -----------------------------------------------------------
 
+    def is_hub(self, record: URLRecord) -> bool:
+        """An announcing page (see ``hub_level``): scheduled for what it announces."""
+        return record.level <= self.hub_level
+
     def rate(self, record: URLRecord) -> float:
-        """The estimated change rate of ``record`` (changes per second)."""
-        changed, unchanged, t_changed, t_unchanged = counts(record.extra)
-        c0, u0 = self._prior
-        i0 = self.prior_interval
-        return cho_irregular(changed + c0, unchanged + u0, t_changed + c0 * i0, t_unchanged + u0 * i0)
+        """The estimated change rate of ``record`` (changes per second): the
+        posterior mean of the last visit for a document when the population
+        is learned, Cho's estimate with the pseudo-visits otherwise."""
+        if self.population is None or self.is_hub(record):
+            changed, unchanged, t_changed, t_unchanged = counts(record.extra)
+            c0, u0 = self._prior
+            i0 = self.prior_interval
+            return cho_irregular(changed + c0, unchanged + u0, t_changed + c0 * i0, t_unchanged + u0 * i0)
+        cached = record.extra.get(RATE_KEY)
+        if cached is not None:
+            return float(cached)
+        return self.population.mean(self.population.posterior(*counts(record.extra)))
+
+    def learn(self, records: Iterable[URLRecord], iterations: int = 1, sample: int = 1000) -> int:
+        """Fit the site's distribution of change rates to the counts of (a
+        uniform sample of ``sample``) documents, ``iterations`` EM steps from
+        where it is. Call it where :meth:`set_budget` is called, before it.
+        Returns the number of pages that told something (visited twice)."""
+        if self.population is None:
+            return 0
+        histories = (counts(r.extra) for r in records if not self.is_hub(r))
+        return self.population.fit(histories, iterations, sample, self._rng)
 
     def delay_for_rate(self, rate: float) -> float:
         """The optimal refetch delay (clamped) for a page of this rate."""
@@ -210,6 +253,8 @@ class OptimalSchedule(FetchSchedule):
 
     def rate_prior(self) -> float:
         """The rate assumed for a page never visited twice (per second)."""
+        if self.population is not None:
+            return self.population.mean(self.population.weights)
         c0, u0 = self._prior
         if c0 <= 0:
             return 0.0
@@ -220,10 +265,14 @@ class OptimalSchedule(FetchSchedule):
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
         if not first:
             observe(record.extra, changed, now - record.fetch_time)
-        rate = self.rate(record)
-        if record.level <= self.hub_level:
-            return self.hub_delay(rate)
-        return self.delay_for_rate(rate)
+        if self.is_hub(record):
+            return self.hub_delay(self.rate(record))
+        if self.population is None:
+            return self.delay_for_rate(self.rate(record))
+        posterior = self.population.posterior(*counts(record.extra))
+        # Kept for set_budget and the status command; refreshed at each visit.
+        record.extra[RATE_KEY] = self.population.mean(posterior)
+        return bayes_interval(self.population.rates, posterior, self.mu, self.min_delay, self.max_delay)
 
     def hub_delay(self, rate: float) -> float:
         """The delay of an announcing page changing at ``rate``: each visit
@@ -241,9 +290,20 @@ class OptimalSchedule(FetchSchedule):
         return self.clamp(min(math.sqrt(2.0 * self.mu / rate), self.hub_changes / rate))
 
     def state(self) -> dict[str, Any]:
-        """``mu``, for the frontier to persist between runs."""
-        return {"mu": self.mu}
+        """``mu`` and the learned distribution of rates, for the frontier to
+        persist between runs."""
+        state: dict[str, Any] = {"mu": self.mu}
+        if self.population is not None:
+            state["population"] = list(self.population.weights)
+        return state
 
     def load_state(self, state: Any) -> None:
-        if state:
-            self.mu = float(state.get("mu", self.mu))
+        if not state:
+            return
+        self.mu = float(state.get("mu", self.mu))
+        weights = state.get("population")
+        if self.population is not None and weights:
+            try:
+                self.population.set_weights(weights)
+            except ValueError:
+                pass  # another grid (the site's min/max delays changed): learn it again

@@ -8,7 +8,9 @@ changed since the last visit and, on a hub, the links it lists now. The
 policies are the crawler's own classes, called as the scheduler calls them:
 ``FetchSchedule.set_discovered`` / ``PriorityPolicy.on_discovered`` for a new
 URL, ``FetchSchedule.set_fetched`` then ``PriorityPolicy.on_fetched`` after a
-fetch; a schedule with ``set_budget`` is told the budget once a simulated day.
+fetch; once a simulated day a schedule with ``learn`` learns from the known
+documents and one with ``set_budget`` is told the budget, as the scheduler
+does when a run opens.
 """
 
 from __future__ import annotations
@@ -183,7 +185,8 @@ def simulate(
     log_pages = array("l")
     log_times = array("d")
     set_fetched, on_fetched = schedule.set_fetched, priority.on_fetched
-    learner = getattr(schedule, "set_budget", None)
+    fit_budget = getattr(schedule, "set_budget", None)
+    learn = getattr(schedule, "learn", None) if not oracle else None
     rate_of = getattr(schedule, "rate", None)
     documents: list[URLRecord] = []  # known non-hub records, for set_budget
     overhead = 0  # fetches of hubs and of new pages' first fetches since the last set_budget
@@ -215,7 +218,7 @@ def simulate(
             while revealed < len(created_new) and created_new[revealed] <= now:
                 discover(first_new + revealed, None, now_s)
                 revealed += 1
-        if learner is not None and now >= next_day:
+        if fit_budget is not None and now >= next_day:
             # Once a day, as a scheduler would at the start of a run: the
             # budget less what hubs and first fetches took since last time.
             if by_seconds:
@@ -224,8 +227,10 @@ def simulate(
                 per_day = budget * (site.n_initial + bisect_right(created_new, now))
             if now > last_budget:
                 per_day -= overhead / (now - last_budget)
+            if learn is not None:
+                learn(documents)  # one EM step a day from where it was
             rates = [rate_of(r) for r in documents] if rate_of is not None and not oracle else None
-            learner(max(per_day, 0.0), len(documents), rates)
+            fit_budget(max(per_day, 0.0), len(documents), rates)
             overhead, last_budget, next_day = 0, now, now + 1.0
         while theap and theap[0][0] <= now_s:
             _, i = heappop(theap)
