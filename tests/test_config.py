@@ -338,6 +338,7 @@ def doc(**overrides):
         ({**START, "refetch": {"factor": 1}}, "refetch.factor", "more than 1"),
         ({**START, "refetch": {"factor": "2"}}, "refetch.factor", "must be a number, not a string"),
         ({**START, "refetch": {"schedule": "fastest"}}, "refetch.schedule", "unknown schedule 'fastest'"),
+        ({**START, "refetch": {"population": "no"}}, "refetch.schedule", "population must be true or false"),
         ({**START, "refetch": ["1d"]}, "refetch", "must be a mapping"),
         ({**START, "refetch": {"intial": "1d"}}, "refetch.intial", "did you mean 'initial'?"),
         ({**START, "priority": {"polcy": "level"}}, "priority.polcy", "did you mean 'policy'?"),

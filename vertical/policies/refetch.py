@@ -182,6 +182,8 @@ class OptimalSchedule(FetchSchedule):
         if hub_changes <= 0:
             raise ValueError("optimal: hub_changes must be positive")
         self.hub_changes = float(hub_changes)
+        if not isinstance(population, bool):
+            raise ValueError("optimal: population must be true or false")
         self.mu = float(mu) if mu is not None else base * marginal_gain(1.0)
         # Rates from a tenth of the slowest refetch (slower is as good as
         # static) to ten times the fastest (faster cannot be chased anyway).
@@ -197,9 +199,9 @@ class OptimalSchedule(FetchSchedule):
         return record.level <= self.hub_level
 
     def rate(self, record: URLRecord) -> float:
-        """The estimated change rate of ``record`` (changes per second): the
-        posterior mean of the last visit for a document when the population
-        is learned, Cho's estimate with the pseudo-visits otherwise."""
+        """The estimated change rate of ``record`` (changes per second): for
+        a document with a learned population, its posterior mean as of its
+        last visit; otherwise Cho's estimate with the pseudo-visits."""
         if self.population is None or self.is_hub(record):
             changed, unchanged, t_changed, t_unchanged = counts(record.extra)
             c0, u0 = self._prior
@@ -270,7 +272,7 @@ class OptimalSchedule(FetchSchedule):
         if self.population is None:
             return self.delay_for_rate(self.rate(record))
         posterior = self.population.posterior(*counts(record.extra))
-        # Kept for set_budget and the status command; refreshed at each visit.
+        # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = self.population.mean(posterior)
         return bayes_interval(self.population.rates, posterior, self.mu, self.min_delay, self.max_delay)
 
