@@ -197,6 +197,10 @@ def test_rate_distribution_learns_a_site_mix():
     busy = dist.posterior(2, 0, 14.0, 0.0)
     assert quiet[0] > 0.6 and busy[0] == 0.0
     assert dist.mean(busy) > 0.3 > dist.mean(quiet)
+    # Weights that rule a rate out (say, a store's all-static site) still let
+    # a page that changed have a posterior.
+    dist.set_weights([1.0] + [0.0] * (len(dist.rates) - 1))
+    assert dist.posterior(1, 0, 7.0, 0.0)[0] == 0.0 and dist.mean(dist.posterior(1, 0, 7.0, 0.0)) > 0
 
 
 def test_population_estimator_bias_and_decisions_on_simulated_visits():

@@ -108,6 +108,8 @@ def counts(extra: MutableMapping[str, Any]) -> tuple[int, int, float, float]:
 
 History = tuple[float, float, float, float]
 
+_FLOOR = 1e-9  # the least weight of a rate
+
 
 class RateDistribution:
     """The distribution of change rates among a site's pages, learned from
@@ -144,8 +146,10 @@ class RateDistribution:
         """Replace the weights (e.g. the learned ones of an earlier run)."""
         if len(weights) != len(self.rates) or any(w < 0 for w in weights) or sum(weights) <= 0:
             raise ValueError(f"need {len(self.rates)} non-negative weights, not all zero")
-        total = float(sum(weights))
-        self.weights = [w / total for w in weights]
+        # A floor keeps every rate possible: a weight at 0 could never come back.
+        floored = [max(float(w), _FLOOR) for w in weights]
+        total = sum(floored)
+        self.weights = [w / total for w in floored]
         self._log_weights = self._logs(self.weights)
 
     def posterior(self, changed: float, unchanged: float, changed_time: float, unchanged_time: float) -> list[float]:
@@ -195,6 +199,5 @@ class RateDistribution:
             for h in chosen:
                 for i, p in enumerate(self.posterior(*h)):
                     acc[i] += p
-            # A floor keeps every rate possible: a weight at 0 could never come back.
-            self.set_weights([max(a / len(chosen), 1e-9) for a in acc])
+            self.set_weights([a / len(chosen) for a in acc])
         return len(chosen)
