@@ -318,6 +318,33 @@ def test_optimal_set_budget_spends_the_budget():
     assert per_day == pytest.approx(400.0, rel=0.02)  # rates are binned: 2% is generous
 
 
+def test_optimal_set_budget_counts_unvisited_pages_at_their_interval():
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    # No page visited twice: all share the population's interval, which the
+    # budget must pay for exactly.
+    s.set_budget(100.0, 1000)
+    prior_interval = bayes_interval(s.population.rates, s.population.weights, s.mu, 3600, 30 * DAY, tolerance=1e-6)
+    assert 1000 * DAY / prior_interval == pytest.approx(100.0, rel=1e-3)
+    # With some rates known, the two kinds share the budget.
+    rng = random.Random(4)
+    rates = [rng.lognormvariate(math.log(1 / 7), 1.0) / DAY for _ in range(500)]
+    s.set_budget(100.0, 1000, rates)
+    known = sum(DAY / s.delay_for_rate(r) for r in rates)
+    unknown = 500 * DAY / bayes_interval(s.population.rates, s.population.weights, s.mu, 3600, 30 * DAY)
+    assert known + unknown == pytest.approx(100.0, rel=0.03)
+
+
+def test_solve_mu_with_pages_known_by_a_distribution():
+    # Two pages of rate 1 and 3 pages refetched at min(1, 1/mu): budget 4.
+    def freq(mu: float) -> float:
+        return min(1.0, 1.0 / mu)
+
+    mu = solve_mu([1.0, 1.0], 4.0, extra=(3.0, freq))
+    assert 2 * optimal_frequency(1.0, mu) + 3 * freq(mu) == pytest.approx(4.0)
+    only = solve_mu([], 1.5, extra=(3.0, freq))
+    assert only == pytest.approx(2.0)
+
+
 def test_optimal_hub_delay_trades_latency_for_fetches():
     s = OptimalSchedule(initial=DAY, min_delay=60, max_delay=30 * DAY, mu=DAY)
     # Rate 8/day: sqrt(2 mu / rate) = 0.5 day, over hub_changes / rate = 3/8 day, which wins.

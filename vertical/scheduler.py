@@ -192,7 +192,8 @@ class FrontierScheduler(BaseScheduler):
             if sample and hasattr(self.schedule, "rate"):
                 # The sample stands for the site: its share of the budget, its rates.
                 share = len(sample) / records
-                self.schedule.set_budget(per_day * share, len(sample), [self.schedule.rate(r) for r in sample])
+                rates = [self.schedule.rate(r) for r in sample if r.visits >= 2]
+                self.schedule.set_budget(per_day * share, len(sample), rates)
             else:
                 self.schedule.set_budget(per_day, max(records, 1))
 

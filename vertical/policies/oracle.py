@@ -23,7 +23,7 @@ Python, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,11 +172,15 @@ def solve_mu(
     counts: Iterable[float] | None = None,
     f_min: float = 0.0,
     f_max: float = math.inf,
+    extra: tuple[float, Callable[[float], float]] | None = None,
 ) -> float:
     """The Lagrange multiplier ``mu`` for which the pages' optimal frequencies,
     clamped to ``[f_min, f_max]``, sum to ``budget``.
 
     ``counts`` (optional) says how many pages share each rate (a histogram).
+    ``extra = (n, frequency)`` adds ``n`` pages refetched at
+    ``frequency(mu)`` each (within the bounds, and not increasing in ``mu``),
+    for pages known by a distribution rather than a rate.
     Returns 0 when the budget affords ``f_max`` for every page and ``inf``
     when it affords no more than ``f_min``.
     """
@@ -186,22 +190,33 @@ def solve_mu(
     if not len(rates) == len(weights) == len(counts):
         raise ValueError("rates, weights and counts must have the same length")
     groups = list(zip(rates, weights, counts))
-    pages = sum(counts)
+    n_extra, frequency = extra if extra is not None and extra[0] > 0 else (0.0, None)
+    pages = sum(counts) + n_extra
+
+    def total(mu: float) -> float:
+        spent = _clamped_total(groups, mu, f_min, f_max)
+        return spent + n_extra * frequency(mu) if frequency is not None else spent
+
     if budget >= pages * f_max:
         return 0.0
     if budget <= pages * f_min:
         return math.inf
     # Bracket in log space: a small mu gives large frequencies, a large one none.
     positive = [r / w for r, w, _ in groups if r > 0 and w > 0]
-    if not positive:  # nothing changes: every mu spends f_min on each page
+    if positive:
+        lo = 1e-6 / max(positive)
+        hi = 1.0 / min(positive)  # at mu >= w/r every page gets 0 (then f_min)
+    elif frequency is not None:
+        lo = hi = pages / budget  # the time a fetch may take per page: a scale for mu
+    else:  # nothing changes: every mu spends f_min on each page
         return math.inf
-    lo = 1e-6 / max(positive)
-    hi = 1.0 / min(positive)  # at mu >= w/r every page gets 0 (then f_min)
-    while _clamped_total(groups, lo, f_min, f_max) < budget and lo > 1e-300:
+    while total(lo) < budget and lo > 1e-300:
         lo /= 1e3
+    while total(hi) > budget and hi < 1e300:
+        hi *= 1e3
     for _ in range(200):
         mid = math.sqrt(lo * hi)
-        if _clamped_total(groups, mid, f_min, f_max) > budget:
+        if total(mid) > budget:
             lo = mid
         else:
             hi = mid
@@ -217,6 +232,7 @@ def fit_mu(
     *,
     weights: Iterable[float] | None = None,
     prior: float = 0.0,
+    prior_frequency: Callable[[float], float] | None = None,
     f_min: float = 0.0,
     f_max: float = math.inf,
     bins_per_decade: int = 50,
@@ -224,7 +240,8 @@ def fit_mu(
     """:func:`solve_mu` for many pages at once: pages are grouped in
     logarithmic bins of rate (and bins of 0.1 of weight), one pass, then a
     bisection over the bins; pages beyond those with a rate count at
-    ``prior`` with weight 1."""
+    ``prior`` with weight 1, or are refetched at ``prior_frequency(mu)``
+    when it is given."""
     bins: dict[tuple[int, int], int] = {}
     zero = seen = 0
     ws = iter(weights) if weights is not None else None
@@ -237,7 +254,10 @@ def fit_mu(
             key = (round(bins_per_decade * math.log10(r)), w)
             bins[key] = bins.get(key, 0) + 1
     groups = [(10.0 ** (k / bins_per_decade), w / 10.0, float(n)) for (k, w), n in bins.items()]
-    if pages > seen:
+    extra = None
+    if pages > seen and prior_frequency is not None:
+        extra = (float(pages - seen), prior_frequency)
+    elif pages > seen:
         groups.append((prior, 1.0, float(pages - seen)))
     if zero:
         groups.append((0.0, 1.0, float(zero)))
@@ -248,6 +268,7 @@ def fit_mu(
         counts=[g[2] for g in groups],
         f_min=f_min,
         f_max=f_max,
+        extra=extra,
     )
 
 

@@ -230,9 +230,11 @@ class OptimalSchedule(FetchSchedule):
     # -- budget ---------------------------------------------------------------
 
     def set_budget(self, fetches_per_day: float, pages: int, rates: Iterable[float] | None = None) -> None:
-        """Fit ``mu`` so that ``pages`` pages with these estimated ``rates``
-        (per second, e.g. from :meth:`rate`; pages without one count at the
-        prior) are refetched ``fetches_per_day`` times a day in total.
+        """Fit ``mu`` so that ``pages`` pages are refetched ``fetches_per_day``
+        times a day in total: those with estimated ``rates`` (per second,
+        from :meth:`rate`, for the pages visited at least twice) at their
+        optimal frequencies, the others as a page never revisited is (at
+        the interval the learned population gives it, or at the prior rate).
 
         Call it again from time to time (the simulator does once a simulated
         day) as the rates are learned. Announcing pages
@@ -244,11 +246,22 @@ class OptimalSchedule(FetchSchedule):
             raise ValueError("optimal: the budget and the number of pages must not be negative")
         f_max = 1.0 / self.min_delay if self.min_delay > 0 else math.inf
         f_min = 1.0 / self.max_delay if self.max_delay > 0 else 0.0
+        unvisited = None
+        if self.population is not None:
+            # Pages never revisited all share one posterior, the population:
+            # count them at the interval it gives, not at its mean rate (a
+            # mean that the unmeasurable fast tail can make anything).
+            population = self.population
+
+            def unvisited(mu: float) -> float:
+                return 1.0 / bayes_interval(population.rates, population.weights, mu, self.min_delay, self.max_delay)
+
         self.mu = fit_mu(
             () if rates is None else rates,
             pages,
             fetches_per_day / DAY,
             prior=self.rate_prior(),
+            prior_frequency=unvisited,
             f_min=f_min,
             f_max=f_max,
         )

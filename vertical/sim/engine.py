@@ -229,7 +229,8 @@ def simulate(
                 per_day -= overhead / (now - last_budget)
             if learn is not None:
                 learn(documents)  # one EM step a day from where it was
-            rates = [rate_of(r) for r in documents] if rate_of is not None and not oracle else None
+            # Rates of the pages visited twice; the others count as unknown.
+            rates = [rate_of(r) for r in documents if r.visits >= 2] if rate_of is not None and not oracle else None
             fit_budget(max(per_day, 0.0), len(documents), rates)
             overhead, last_budget, next_day = 0, now, now + 1.0
         while theap and theap[0][0] <= now_s:
