@@ -133,7 +133,7 @@ class OptimalSchedule(FetchSchedule):
       under its posterior (:func:`~vertical.policies.oracle.bayes_interval`).
       A page visited a few times thus borrows from the whole site: on the
       standard scenario of ``benchmarks/FRESHNESS.md`` this is what lifts
-      the smallest budget from 95.5% to over 97% of the oracle.
+      the smallest budget from 95.5% to 97.8% of the oracle.
     * Without it (and always for the announcing pages, below) the rate is
       :func:`~vertical.policies.estimate.cho_irregular` of the counts plus
       ``prior_weight`` pseudo-visits ``prior_interval`` apart (default: the
