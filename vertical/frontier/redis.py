@@ -401,8 +401,10 @@ for k = 0, nrec - 1 do
     redis.call("HSET", KEYS[1], fp, rec)
     redis.call("ZADD", KEYS[2], ARGV[i + 2], fp)
     redis.call("ZADD", KEYS[3], ARGV[i + 3], fp)
-    local of = old and fields(old, 6) or {}
-    park(6, fp, of[1], of[6], state, host)
+    -- The old host matters only to a record that was parked.
+    local old_state = old and head(old)
+    local of = PARKED_AT[old_state or ""] and fields(old, 6) or {}
+    park(6, fp, old_state, of[6], state, host)
     if owner == "" then
       if ARGV[i + 4] ~= "" then redis.call("HSET", KEYS[4], fp, ARGV[i + 4]) else redis.call("HDEL", KEYS[4], fp) end
     elseif release then
