@@ -51,7 +51,8 @@ class Command(ScrapyCommand):
                 print(f"vertical-status: no records of site {args[0]!r} in {uri}", file=sys.stderr)
                 self.exitcode = 1
                 return
-            summary = summarize(store.iter_records(args[0] if args else None), now)
+            # Leases on the store's clock, as the store judges them.
+            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock())
         if opts.json:
             print(json.dumps({"store": uri, "now": now, "sites": summary}, indent=1))
         elif not summary:
