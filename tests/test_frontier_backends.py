@@ -243,10 +243,10 @@ def test_save_priorities_merges_over_a_concurrent_writer(redis_url, monkeypatch)
 def test_a_save_is_fenced_by_the_claim(frontier):
     """A claims, A's lease runs out, B claims: A's late save is rejected,
     B's goes through, and the stored record is B's."""
-    frontier.add([rec(1), rec(2)])
-    (a_copy,) = claim(frontier, "a", limit=1, lease=0.05)
+    frontier.add([rec(1)])
+    (a_copy,) = claim(frontier, "a", lease=0.05)
     run_out(frontier, a_copy.claim_until)
-    (b_copy,) = claim(frontier, "b", limit=1)
+    (b_copy,) = claim(frontier, "b")
     assert b_copy.fingerprint == a_copy.fingerprint
     a_copy.state, a_copy.visits, a_copy.checksum = FETCHED, 1, 111
     b_copy.state, b_copy.visits, b_copy.checksum = FETCHED, 1, 222
@@ -675,7 +675,7 @@ def test_lane_level_bounds(frontier):
 
 def test_renew_extends_only_the_owners_leases(frontier):
     frontier.add([rec(i) for i in range(4)])
-    mine = frontier.claim_due(SITE, "a", NOW, 0.05, 2)
+    mine = frontier.claim_due(SITE, "a", NOW, 600.0, 2)
     theirs = frontier.claim_due(SITE, "b", NOW, 0.05, 2)
     _, before, after = timed(frontier, lambda: frontier.renew(
         SITE, "a", [r.fingerprint for r in mine + theirs], 500))
@@ -723,7 +723,8 @@ def test_make_due_brings_records_forward(frontier):
 
 def test_next_due(frontier):
     assert frontier.next_due(SITE, NOW) is None
-    frontier.add([rec(1, next_fetch=NOW - 50), rec(2, next_fetch=NOW - 10), rec(3, state=FORBIDDEN, next_fetch=NOW + DAY)])
+    frontier.add([rec(1, next_fetch=NOW - 50), rec(2, next_fetch=NOW - 10),
+                  rec(3, state=FORBIDDEN, next_fetch=NOW + DAY)])  # parked
     assert frontier.next_due(SITE, NOW) == NOW - 50
     frontier.claim_due(SITE, "a", NOW, 100.0, 1)  # rec(1): claimable again at NOW + 100
     assert frontier.next_due(SITE, NOW) == NOW - 10

@@ -363,7 +363,8 @@ for i = 4, #ARGV, 8 do
   else
     local stored = redis.call("HGET", KEYS[1], fp)
     local l = redis.call("HGET", KEYS[4], fp)
-    if retry and stored == rec and ((claim and l and lease_owner(l) == owner) or (not claim and (l or "") == lease)) then
+    local ours = (claim and l and lease_owner(l) == owner) or (not claim and (l or "") == lease)
+    if retry and stored == rec and ours then
       -- Our own insert whose reply was lost.
       inserted[#inserted + 1] = index
     else
@@ -706,7 +707,8 @@ class RedisFrontier(Frontier):
             for chunk in _chunks(group):
                 args: list[Any] = ["" if claim_owner is None else claim_owner, _float(lease)]
                 for r in chunk:
-                    own = "" if claim_owner is not None or r.claim_owner is None else _lease(r.claim_owner, r.claim_until)
+                    own = "" if claim_owner is not None or r.claim_owner is None \
+                        else _lease(r.claim_owner, r.claim_until)
                     args += [_FP.pack(r.fingerprint), _encode(r), _float(r.next_fetch), _float(r.priority), own,
                              r.url, r.state, r.host]
                 until, indexes, collided = self._retry(lambda retrying, a=args: self._add(
