@@ -17,7 +17,7 @@ its fetch *completes*), shared through Redis:
 
 * with a delay, one request is in flight at a time, and the next turn is
   granted only ``delay`` after the previous download ended (as stamped by
-  Redis's own clock when this process reported it);
+  Redis's own clock when its process reported it);
 * with no delay, up to the slot's concurrency are in flight at once.
 
 What callers can rely on:
@@ -56,6 +56,15 @@ first after the host is free gets it.
 The guarantee assumes Redis's clock does not step backwards (NTP slews, it
 does not jump) and leaves out a request the host reads only after the
 crawler gave up on it (its download timed out).
+
+In Redis, under the frontier's prefix and the site's hash tag, a host has a
+hash ``vertical:{site}:hostrate:<host>`` (when its last download ended, and
+the delay of its last turn) and a sorted set ``...:flight`` (its turns in
+flight and their leases); both expire :data:`STATE_MARGIN` after they stop
+mattering. Stats: ``vertical/hostrate/granted`` (turns),
+``vertical/hostrate/waited`` (requests told "not yet" at least once),
+``vertical/hostrate/expired`` (dead processes' turns this one cleared),
+``vertical/hostrate/retries`` (Redis unreachable).
 
 Requests waiting for their turn count as active in their download slot, so
 the scheduler sees the host as busy and serves other hosts meanwhile, and
@@ -101,6 +110,11 @@ T = TypeVar("T")
 #: from the grant to the start of the download, and a late timeout callback.
 LEASE_MARGIN = 5.0
 
+#: Seconds a host's state stays in Redis after the delay that follows its
+#: last download: a process with a longer delay (it has read a Crawl-delay
+#: the others have not) still finds when that download ended.
+STATE_MARGIN = 60.0
+
 #: Seconds between asks while another process's request holds the host (or
 #: all of its concurrency): ends of other processes' downloads are not
 #: announced, so they are polled, at least this far apart.
@@ -109,30 +123,31 @@ BUSY_POLL = 0.05
 _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 
 # Shared by both scripts. KEYS[1]: the host's state, a hash of "done" (Redis
-# time the last download ended) and "delay" (of the last grant); KEYS[2]: the
-# requests in flight, a sorted set of token -> lease expiry. Times are
-# seconds as "%.6f" strings: Lua numbers would come back truncated to integers.
-_CLOCK = r"""
+# time the last download ended) and "delay" (the last grantee's own delay);
+# KEYS[2]: the requests in flight, a sorted set of token -> lease expiry.
+# Times are seconds as "%.6f" strings: Lua numbers would come back truncated
+# to integers.
+_HELPERS = r"""
 local function clock()
   local t = redis.call("TIME")
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 -- Both keys live as long as their state matters: until the last lease
--- runs out, and the delay after the last end.
-local function keep(now, done, delay)
+-- runs out, and the delay after the last end (and a margin).
+local function keep(now, done, delay, margin)
   local horizon = done + delay
   local last = redis.call("ZRANGE", KEYS[2], -1, -1, "WITHSCORES")
   if #last > 0 then horizon = math.max(horizon, tonumber(last[2])) end
-  local ttl = math.ceil((horizon - now) * 1000) + 1000
+  local ttl = math.ceil((horizon + margin - now) * 1000)
   redis.call("PEXPIRE", KEYS[1], ttl)
   redis.call("PEXPIRE", KEYS[2], ttl)
 end
 """
 
-# ARGV: token, delay, concurrency, lease, busy poll (seconds). Returns
-# {wait, expired}: wait "0" when the turn is granted, else the seconds to wait
-# before asking again; expired, the turns of others that ran out meanwhile.
-_TAKE = _CLOCK + r"""
+# ARGV: token, delay, concurrency, lease, busy poll, state margin (seconds).
+# Returns {wait, expired}: wait "0" when the turn is granted, else the seconds
+# to wait before asking again; expired, the turns of others that ran out.
+_TAKE = _HELPERS + r"""
 local now = clock()
 local state = redis.call("HMGET", KEYS[1], "done", "delay")
 local done = tonumber(state[1]) or 0
@@ -157,24 +172,26 @@ elseif flying >= tonumber(ARGV[3]) then
   wait = tonumber(ARGV[5])
 end
 if wait > 0 then
-  return {string.format("%.6f", wait), #expired / 2}
+  -- Rounded up: a wait that printed as "0.000000" would read as a grant.
+  return {string.format("%.6f", math.ceil(wait * 1000000) / 1000000), #expired / 2}
 end
 redis.call("ZADD", KEYS[2], string.format("%.6f", now + tonumber(ARGV[4])), ARGV[1])
-redis.call("HSET", KEYS[1], "delay", string.format("%.6f", delay))
-keep(now, done, delay)
+redis.call("HSET", KEYS[1], "delay", ARGV[2])
+keep(now, done, delay, tonumber(ARGV[6]))
 return {"0", #expired / 2}
 """
 
-# ARGV: token. The end is stamped now even for a token no longer in flight
-# (its lease ran out first): a later end only makes the next turn later.
-_END = _CLOCK + r"""
+# ARGV: token, state margin. The end is stamped now even for a token no
+# longer in flight (its lease ran out first): a later end only makes the next
+# turn later.
+_END = _HELPERS + r"""
 local now = clock()
 redis.call("ZREM", KEYS[2], ARGV[1])
 local state = redis.call("HMGET", KEYS[1], "done", "delay")
 local done = math.max(tonumber(state[1]) or 0, now)
 local delay = tonumber(state[2]) or 0
 redis.call("HSET", KEYS[1], "done", string.format("%.6f", done))
-keep(now, done, delay)
+keep(now, done, delay, tonumber(ARGV[2]))
 return string.format("%.6f", done)
 """
 
@@ -208,13 +225,14 @@ class HostTurns:
         ``expired`` counts the turns of dead processes cleared meanwhile.
         """
         wait, expired = self._take(keys=self.keys(site, host),
-                                   args=[token, repr(delay), concurrency, repr(lease), repr(BUSY_POLL)])
+                                   args=[token, repr(delay), concurrency, repr(lease), repr(BUSY_POLL),
+                                         repr(STATE_MARGIN)])
         return float(wait), int(expired)
 
     def end(self, site: str, host: str, token: str) -> float:
         """End ``token``'s turn: its download is over. Returns the end as
         stamped on Redis's clock (seconds since the epoch)."""
-        return float(self._end(keys=self.keys(site, host), args=[token]))
+        return float(self._end(keys=self.keys(site, host), args=[token, repr(STATE_MARGIN)]))
 
 
 @dataclass
@@ -325,6 +343,8 @@ class HostRateMiddleware:
             d = deferred_from_coro(self._end_later(site, turn))
             d.addErrback(lambda f: logger.error("Ending a turn at %s failed", turn.host, exc_info=f.value))
             return
+        except redis.RedisError:
+            logger.exception("Could not end a turn at %s; it ends when its lease runs out", turn.host)
         self._leave(turn.host)
 
     async def _end_later(self, site: str, turn: _Turn) -> None:

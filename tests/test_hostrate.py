@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from scrapy import signals
 
-from middlewares.hostrate import BUSY_POLL, LEASE_MARGIN, HostTurns
+from middlewares.hostrate import BUSY_POLL, LEASE_MARGIN, STATE_MARGIN, HostTurns
 from tests.crawling import kill, site_file, wait_for
 from tests.test_redis_crawl import AGENTS, CLOCK, finish, min_gap_per_host, page_requests_of, start_all
 from vertical import settings as project_settings
@@ -166,8 +166,8 @@ def test_a_host_state_lives_as_long_as_it_matters(host_turns):
     assert expires_at(client, flight) >= granted + 30 and expires_at(client, state) >= granted + 30
     ended = turns.end("s", "h", "a")
     assert not client.exists(flight)
-    # The delay after the end, and a second (in whole milliseconds).
-    assert ended + 2.0 <= expires_at(client, state) <= ended + 3.002
+    # Past the delay after the end, by the margin (in whole milliseconds).
+    assert abs(expires_at(client, state) - (ended + 2.0 + STATE_MARGIN)) <= 0.002
 
 
 def expires_at(client, key: str) -> float:
@@ -238,7 +238,7 @@ def test_a_process_killed_in_its_turn_holds_the_host_until_its_lease_ends(tmp_pa
         truth = demo.site.truth()
     assert set(truth) <= {r["path"] for r in every}
     assert stall_file.read_text() not in {demo.url + r["path"] for r in every if r["user_agent"] == victim}
-    assert sum(r.stat("vertical/hostrate/expired") for r in results.values()) == 1
+    assert sum(r.stat("vertical/hostrate/expired") for r in results.values()) >= 1  # the victim's
     before = [t for t in arrivals(every) if t < stalled_at]
     after = [t for t in arrivals(every) if t > stalled_at]
     # Everything that arrived before the victim's grant ended before it; the
