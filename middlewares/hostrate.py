@@ -33,8 +33,10 @@ What callers can rely on:
 * **The concurrency.** No more than the slot's concurrency are in flight at a
   host across all processes (one while there is a delay); a request is in
   flight from its grant until its download ends.
-* **A dead process** holds its host's turn until its request's lease runs
-  out: its download timeout (``download_timeout`` meta or
+* **A dead process** holds its host's turn until the frontier's registry of
+  crawl processes no longer holds it alive (it was reaped, or its heartbeat
+  ran out: ``VERTICAL_HEARTBEAT``), or until its request's lease runs out,
+  whichever comes first: its download timeout (``download_timeout`` meta or
   ``DOWNLOAD_TIMEOUT``) plus :data:`LEASE_MARGIN`. That bound is also the
   limit of the guarantee: a live process whose reactor stalls longer than it
   between a grant and the end of that download is treated as dead.
@@ -122,6 +124,10 @@ BUSY_POLL = 0.05
 
 _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 
+#: Between the owner id and the number in a turn's token. Tokens of the
+#: frontier's owners are checked against its registry of live processes.
+TOKEN_SEP = "\x1e"
+
 # Shared by both scripts. KEYS[1]: the host's state, a hash of "done" (Redis
 # time the last download ended) and "delay" (the last grantee's own delay);
 # KEYS[2]: the requests in flight, a sorted set of token -> lease expiry.
@@ -154,9 +160,26 @@ local done = tonumber(state[1]) or 0
 local delay = math.max(tonumber(ARGV[2]), tonumber(state[2]) or 0)
 -- A turn whose lease ran out (its process died) ends at its expiry.
 local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "WITHSCORES")
+local cleared = #expired / 2
 if #expired > 0 then
   done = math.max(done, tonumber(expired[#expired]))
   redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", now)
+end
+-- A turn of a crawl process the frontier's registry no longer holds alive
+-- (reaped, or its heartbeat ran out) ends now, before its lease.
+for _, token in ipairs(redis.call("ZRANGE", KEYS[2], 0, -1)) do
+  local cut = string.find(token, "\30", 1, true)
+  if cut then
+    local beat = redis.call("HGET", KEYS[3], string.sub(token, 1, cut - 1))
+    local alive = beat and tonumber(string.sub(beat, 1, (string.find(beat, "\31", 1, true) or 0) - 1))
+    if not alive or alive < now then
+      redis.call("ZREM", KEYS[2], token)
+      done = math.max(done, now)
+      cleared = cleared + 1
+    end
+  end
+end
+if cleared > 0 then
   redis.call("HSET", KEYS[1], "done", string.format("%.6f", done))
 end
 local flying = redis.call("ZCARD", KEYS[2])
@@ -173,12 +196,12 @@ elseif flying >= tonumber(ARGV[3]) then
 end
 if wait > 0 then
   -- Rounded up: a wait that printed as "0.000000" would read as a grant.
-  return {string.format("%.6f", math.ceil(wait * 1000000) / 1000000), #expired / 2}
+  return {string.format("%.6f", math.ceil(wait * 1000000) / 1000000), cleared}
 end
 redis.call("ZADD", KEYS[2], string.format("%.6f", now + tonumber(ARGV[4])), ARGV[1])
 redis.call("HSET", KEYS[1], "delay", ARGV[2])
 keep(now, done, delay, tonumber(ARGV[6]))
-return {"0", #expired / 2}
+return {"0", cleared}
 """
 
 # ARGV: token, state margin. The end is stamped now even for a token no
@@ -211,9 +234,10 @@ class HostTurns:
         self._end = client.register_script(_END)
 
     def keys(self, site: str, host: str) -> list[str]:
-        """The host's state and its requests in flight, under the site's hash tag."""
+        """The host's state, its requests in flight, and the frontier's
+        registry of crawl processes, under the site's hash tag."""
         base = f"{self.prefix}:{{{site}}}:hostrate:{host}"
-        return [base, f"{base}:flight"]
+        return [base, f"{base}:flight", f"{self.prefix}:{{{site}}}:owners"]
 
     def take(self, site: str, host: str, token: str, *, delay: float, concurrency: int,
              lease: float) -> tuple[float, int]:
@@ -303,12 +327,21 @@ class HostRateMiddleware:
 
     # -- a request's turn -------------------------------------------------------
 
+    def _token(self) -> str:
+        """A new turn's token. With the frontier owner id of this crawl
+        process in it, the turn ends as soon as the process is known dead
+        (not only when its lease runs out)."""
+        owner = getattr(self.crawler.engine.scheduler, "owner", None)  # type: ignore[union-attr]
+        if isinstance(owner, str):
+            return f"{owner}{TOKEN_SEP}{next(self._tokens)}"
+        return f"{self._owner}:{next(self._tokens)}"
+
     async def _take_turn(self, request: Request, host: str, delay: float, concurrency: int) -> None:
         # Only as many of this process's requests ask Redis as could hold a
         # turn at once; the others wait here for one of them to end.
         await self._enter(host, 1 if delay > 0 else concurrency)
         try:
-            token = f"{self._owner}:{next(self._tokens)}"
+            token = self._token()
             lease = float(request.meta.get("download_timeout", self.download_timeout)) + LEASE_MARGIN
             site = self._site()
             waited = False

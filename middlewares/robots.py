@@ -16,13 +16,15 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
   ("unreachable") means the rules are unknown, so nothing of the host is
   fetched: the host is postponed for ``VERTICAL_ROBOTS_POSTPONE`` seconds
   (``scheduler.postpone_host``) and robots.txt is asked again after that;
-- a frontier URL that robots.txt disallows is recorded as ``forbidden``
-  (never selected again) and counted in ``vertical/robots/forbidden``.
+- a frontier URL that robots.txt disallows is recorded as ``forbidden``,
+  counted in ``vertical/robots/forbidden``, and parked until the host's
+  robots.txt is due again (``VERTICAL_ROBOTS_TTL``): then it is looked at
+  anew, so a rule that was lifted lets it be fetched.
 
-A request this middleware ignores with a frontier record has its record
-written back here (``scheduler.page_done``) and is ignored *without* the
-record in its meta, so that the spider's errback, which reschedules failed
-frontier fetches, leaves it alone. Requests without a frontier record get
+A request this middleware ignores with a frontier record is settled through
+the commit (``page_parked``) and ignored *without* the record in its meta,
+so that the spider's errback, which reschedules failed frontier fetches,
+leaves it alone. Requests without a frontier record get
 Scrapy's behaviour unchanged (apart from the expiry and the Crawl-delay).
 """
 
@@ -37,6 +39,7 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
+from vertical.commit import FrontierCommit
 from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
 from vertical.scheduler import META_RECORD
@@ -62,6 +65,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         self._expires: dict[str, float] = {}  # netloc -> monotonic time its robots.txt expires
         self._unreachable: dict[str, float] = {}  # netloc -> scheduler time the postponement ends
         self._slot_delays: dict[str, float] = {}  # slot key -> its delay before any Crawl-delay
+        self._refreshing: set[str] = set()  # netlocs whose robots.txt is being fetched again
 
     @property
     def _scheduler(self) -> Any:
@@ -76,6 +80,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             # Scrapy keeps a parser for the whole crawl; ours are refetched.
             del self._parsers[netloc], self._expires[netloc]
             self._unreachable.pop(netloc, None)
+            self._refreshing.add(netloc)
         return await super().robot_parser(request)
 
     def process_request_2(self, rp: RobotParser | None, request: Request) -> None:
@@ -86,20 +91,18 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         until = self._unreachable.get(urlparse_cached(request).netloc)
         if until is not None:
             # Not fetched blind: back to the store, due when the host is.
-            record.next_fetch = until
-            self._settle(request, record)
+            self._park(request, record, record.state, until)
             self._stats.inc_value("vertical/robots/postponed")
             raise IgnoreRequest("robots.txt unreachable: host postponed")
         try:
             super().process_request_2(rp, request)
         except IgnoreRequest:
-            record.state = FORBIDDEN
-            self._settle(request, record)
+            self._park(request, record, FORBIDDEN, self._scheduler.now() + self.ttl)
             self._stats.inc_value("vertical/robots/forbidden")
             raise
 
-    def _settle(self, request: Request, record: URLRecord) -> None:
-        self._scheduler.page_done(record)
+    def _park(self, request: Request, record: URLRecord, state: str, until: float) -> None:
+        self.crawler.get_extension(FrontierCommit).page_parked(record, state, until)
         del request.meta[META_RECORD]
 
     # -- robots.txt responses ---------------------------------------------------
@@ -118,6 +121,10 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         rp = self._parsers[netloc]
         if rp is not None:
             self._apply_crawl_delay(rp, request)
+        if netloc in self._refreshing and netloc not in self._unreachable:
+            # New rules: the host's forbidden URLs are looked at again now.
+            self._refreshing.discard(netloc)
+            self._scheduler.wake(host_of(f"//{netloc}"), FORBIDDEN)
 
     def _robots_error(self, exc: Exception, netloc: str) -> None:
         super()._robots_error(exc, netloc)
