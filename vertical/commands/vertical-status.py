@@ -17,17 +17,14 @@ import json
 import sys
 import time
 
-from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import open_store
 from vertical.status import render, summarize
 
 
-class Command(ScrapyCommand):
-    requires_crawler_process = False
-    default_settings = {"LOG_ENABLED": False}
-
+class Command(VerticalCommand):
     def syntax(self) -> str:
         return "[SITE] [--json] [--store URI]"
 
