@@ -21,7 +21,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider
+from scrapy.exceptions import NotConfigured
 from scrapy.http import Response, TextResponse
+from scrapy.spidermiddlewares.referer import RefererMiddleware
 from twisted.python.failure import Failure
 
 from middlewares.dns import prefetch
@@ -30,6 +32,7 @@ from vertical.changes import diff_page
 from vertical.config import ConfigError, load_site
 from vertical.extract import Record, extract_links, extract_records, match_rule
 from vertical.items import DocumentItem
+from vertical import scrapy_settings
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
 from vertical.urls import canonicalize, host_of
@@ -84,6 +87,14 @@ def apply_site_settings(site: SiteConfig, settings: Any) -> None:
         settings.set("USER_AGENT", pol.user_agent, priority="spider")
 
 
+def _referer_middleware(crawler: Crawler) -> RefererMiddleware | None:
+    """Scrapy's RefererMiddleware, for its policies (None when ``REFERER_ENABLED`` is off)."""
+    try:
+        return RefererMiddleware.from_crawler(crawler)
+    except NotConfigured:
+        return None
+
+
 class VerticalSpider(Spider):
     name = "vertical"
     # The frontier needs to see these: 304 is "unchanged", 404/410 "gone".
@@ -104,10 +115,16 @@ class VerticalSpider(Spider):
         self.pages = int(pages or 0)
         self.seconds = float(seconds or 0)
         self.site: SiteConfig
+        self._referer: RefererMiddleware | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
         spider = super().from_crawler(crawler, *args, **kwargs)
+        # Scrapy settings vertical cannot honour stop the run here too.
+        scrapy_settings.check(crawler.settings)
+        if store := scrapy_settings.apply_jobdir(crawler.settings):
+            logger.info("JOBDIR: the frontier of this crawl is %s", store)
+        spider._referer = _referer_middleware(crawler)
         # Validate before anything is scheduled: a bad config stops the run here.
         spider.site = load_site(spider.site_spec, crawler.settings.get("VERTICAL_SITES"))
         spider.allowed_domains = list(spider.site.allowed_domains)
@@ -126,10 +143,30 @@ class VerticalSpider(Spider):
             yield Request(canonicalize(url, self.site.traps.strip_params),
                           meta={META_LEVEL: 0, META_SEED: True})
 
-    def request_for(self, record: URLRecord) -> Request:
-        """The request that fetches a frontier record (called by the scheduler)."""
-        return Request(record.url, callback=self.parse, errback=self.on_error,
-                       meta={META_RECORD: record}, dont_filter=True)
+    def request_for(self, record: URLRecord, template: Request | None = None) -> Request:
+        """The request that fetches a frontier record (called by the scheduler).
+
+        ``template`` is the request this URL came in as this run (a start
+        request): its meta, headers, ``cb_kwargs``, callback and errback are
+        kept, the record's URL and meta added. A callback other than
+        :meth:`parse` must hand the response to :meth:`parse` (``yield from
+        self.parse(response)``) for the page to be extracted and committed.
+        A URL found on a page is sent with that page as its ``Referer``, under
+        Scrapy's ``REFERRER_POLICY`` (and not at all with ``REFERER_ENABLED``
+        off), as Scrapy's RefererMiddleware would.
+        """
+        if template is None:
+            request = Request(record.url, callback=self.parse, errback=self.on_error,
+                              meta={META_RECORD: record}, dont_filter=True)
+        else:
+            request = template.replace(url=record.url, meta={**template.meta, META_RECORD: record},
+                                       callback=template.callback or self.parse,
+                                       errback=template.errback or self.on_error, dont_filter=True)
+        if (parent := record.extra.get("referer")) and self._referer is not None:
+            referrer = self._referer.policy(Response(parent), request).referrer(parent, request.url)
+            if referrer is not None:
+                request.headers.setdefault("Referer", referrer)
+        return request
 
     # -- callbacks ----------------------------------------------------------------
 
