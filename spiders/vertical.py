@@ -28,11 +28,11 @@ from twisted.python.failure import Failure
 
 from middlewares.dns import prefetch
 from pipelines.frontier import FrontierPipeline, PageOutcome
+from vertical import scrapy_settings
 from vertical.changes import diff_page
 from vertical.config import ConfigError, load_site
 from vertical.extract import Record, extract_links, extract_records, match_rule
 from vertical.items import DocumentItem
-from vertical import scrapy_settings
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
 from vertical.urls import canonicalize, host_of
