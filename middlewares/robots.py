@@ -40,6 +40,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
 from vertical.commit import FrontierCommit
+from vertical.compat import (existing_slot, overrides, robots_parsers, robots_useragent, set_slot_delay,
+                             slot_settings)
 from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
 from vertical.scheduler import META_RECORD
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# Scrapy would stop calling these if it renamed them: checked at import.
+@overrides(RobotsTxtMiddleware, "process_request_2", "_parse_robots", "_robots_error")
 class RobotsMiddleware(RobotsTxtMiddleware):
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
@@ -76,9 +80,10 @@ class RobotsMiddleware(RobotsTxtMiddleware):
     async def robot_parser(self, request: Request) -> RobotParser | None:
         netloc = urlparse_cached(request).netloc
         expires = self._expires.get(netloc)
-        if expires is not None and expires <= time.monotonic() and not isinstance(self._parsers.get(netloc), Deferred):
+        parsers = robots_parsers(self)
+        if expires is not None and expires <= time.monotonic() and not isinstance(parsers.get(netloc), Deferred):
             # Scrapy keeps a parser for the whole crawl; ours are refetched.
-            del self._parsers[netloc], self._expires[netloc]
+            del parsers[netloc], self._expires[netloc]
             self._unreachable.pop(netloc, None)
             self._refreshing.add(netloc)
         return await super().robot_parser(request)
@@ -92,13 +97,13 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         if until is not None:
             # Not fetched blind: back to the store, due when the host is.
             self._park(request, record, record.state, until)
-            self._stats.inc_value("vertical/robots/postponed")
+            self.crawler.stats.inc_value("vertical/robots/postponed")
             raise IgnoreRequest("robots.txt unreachable: host postponed")
         try:
             super().process_request_2(rp, request)
         except IgnoreRequest:
             self._park(request, record, FORBIDDEN, self._scheduler.now() + self.ttl)
-            self._stats.inc_value("vertical/robots/forbidden")
+            self.crawler.stats.inc_value("vertical/robots/forbidden")
             raise
 
     def _park(self, request: Request, record: URLRecord, state: str, until: float) -> None:
@@ -118,7 +123,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         await super()._parse_robots(response, netloc, request)
         if netloc not in self._unreachable:
             self._expires[netloc] = time.monotonic() + self.ttl
-        rp = self._parsers[netloc]
+        rp = robots_parsers(self)[netloc]
         if rp is not None:
             self._apply_crawl_delay(rp, request)
         if netloc in self._refreshing and netloc not in self._unreachable:
@@ -141,20 +146,20 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         logger.warning("robots.txt of %s %s: host postponed for %gs", netloc, why, self.postpone)
 
     def _apply_crawl_delay(self, rp: RobotParser, request: Request) -> None:
-        useragent = self._robotstxt_useragent or request.headers.get(b"User-Agent", self._default_useragent)
-        crawl_delay = rp.crawl_delay(useragent)
+        crawl_delay = rp.crawl_delay(robots_useragent(self, request))
         downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         key = downloader.get_slot_key(request)
         if crawl_delay is None and key not in self._slot_delays:
             return
-        configured = downloader.per_slot_settings.get(key, {})
+        per_slot = slot_settings(downloader)
+        configured = per_slot.get(key, {})
         base = self._slot_delays.setdefault(
             key, configured.get("delay", self.crawler.settings.getfloat("DOWNLOAD_DELAY"))
         )
         site = getattr(self._scheduler, "site", None)
         cap = (site.politeness if site is not None else PolitenessConfig()).crawl_delay_max
         delay = max(base, min(crawl_delay or 0.0, cap))
-        downloader.per_slot_settings[key] = {**configured, "delay": delay}
-        if (slot := downloader.slots.get(key)) is not None:
-            slot.delay = delay
+        per_slot[key] = {**configured, "delay": delay}
+        if (slot := existing_slot(downloader, key)) is not None:
+            set_slot_delay(slot, delay)
 

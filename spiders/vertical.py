@@ -24,10 +24,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
+from scrapy.exceptions import NotConfigured
 from scrapy.http import Response, TextResponse
+from scrapy.spidermiddlewares.referer import RefererMiddleware
 from twisted.python.failure import Failure
 
 from middlewares.dns import prefetch
+from vertical import scrapy_settings
 from vertical.changes import diff_page
 from vertical.commit import FrontierCommit, PageOutcome
 from vertical.config import ConfigError, load_site
@@ -49,6 +52,7 @@ GONE_STATUSES = (404, 410)
 META_COMPOSITE = "vertical.composite"
 META_STAGE_URL = "vertical.stage_url"
 META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
+META_ERRBACK = "vertical.errback"  # a start request's own errback
 
 
 @dataclass(slots=True, eq=False)
@@ -88,6 +92,14 @@ def apply_site_settings(site: SiteConfig, settings: Any) -> None:
         settings.set("USER_AGENT", pol.user_agent, priority="spider")
 
 
+def _referer_middleware(crawler: Crawler) -> RefererMiddleware | None:
+    """Scrapy's RefererMiddleware, for its policies (None when ``REFERER_ENABLED`` is off)."""
+    try:
+        return RefererMiddleware.from_crawler(crawler)
+    except NotConfigured:
+        return None
+
+
 class VerticalSpider(Spider):
     name = "vertical"
     # The frontier needs to see these: 304 is "unchanged", 404/410 "gone".
@@ -108,10 +120,16 @@ class VerticalSpider(Spider):
         self.pages = int(pages or 0)
         self.seconds = float(seconds or 0)
         self.site: SiteConfig
+        self._referer: RefererMiddleware | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
         spider = super().from_crawler(crawler, *args, **kwargs)
+        # Scrapy settings vertical cannot honour stop the run here too.
+        scrapy_settings.check(crawler.settings)
+        if store := scrapy_settings.apply_jobdir(crawler.settings):
+            logger.info("JOBDIR: the frontier of this crawl is %s", store)
+        spider._referer = _referer_middleware(crawler)
         # Validate before anything is scheduled: a bad config stops the run here.
         spider.site = load_site(spider.site_spec, crawler.settings.get("VERTICAL_SITES"))
         spider.allowed_domains = list(spider.site.allowed_domains)
@@ -133,10 +151,31 @@ class VerticalSpider(Spider):
             yield Request(canonicalize(url, self.site.traps.strip_params),
                           meta={META_LEVEL: 0, META_SEED: True})
 
-    def request_for(self, record: URLRecord) -> Request:
-        """The request that fetches a frontier record (called by the scheduler)."""
-        return Request(record.url, callback=self.parse, errback=self.on_error,
-                       meta={META_RECORD: record}, dont_filter=True)
+    def request_for(self, record: URLRecord, template: Request | None = None) -> Request:
+        """The request that fetches a frontier record (called by the scheduler).
+
+        ``template`` is the request this URL came in as this run (a start
+        request): its meta, headers, ``cb_kwargs``, callback and errback are
+        kept, the record's URL and meta added. A callback other than
+        :meth:`parse` must hand the response to :meth:`parse` (``yield from
+        self.parse(response)``) for the page to be extracted and committed.
+        A URL found on a page is sent with that page as its ``Referer``, under
+        Scrapy's ``REFERRER_POLICY`` (and not at all with ``REFERER_ENABLED``
+        off), as Scrapy's RefererMiddleware would.
+        """
+        if template is None:
+            request = Request(record.url, callback=self.parse, errback=self.on_error,
+                              meta={META_RECORD: record}, dont_filter=True)
+        else:
+            # The errback stays ours (the page must be settled), and calls theirs.
+            meta = {**template.meta, META_RECORD: record, META_ERRBACK: template.errback}
+            request = template.replace(url=record.url, meta=meta, callback=template.callback or self.parse,
+                                       errback=self.on_error, dont_filter=True)
+        if (parent := record.extra.get("referer")) and self._referer is not None:
+            referrer = self._referer.policy(Response(parent), request).referrer(parent, request.url)
+            if referrer is not None:
+                request.headers.setdefault("Referer", referrer)
+        return request
 
     # -- callbacks ----------------------------------------------------------------
 
@@ -197,12 +236,16 @@ class VerticalSpider(Spider):
         page.failed = True
         yield from self._second_stage_done(page)
 
-    def on_error(self, failure: Failure) -> None:
-        """Network errors and 5xx after Scrapy's retries: rescheduled, never gone."""
+    def on_error(self, failure: Failure) -> Any:
+        """Network errors and 5xx after Scrapy's retries: rescheduled, never
+        gone; then the start request's own errback, if it had one."""
         request = failure.request  # type: ignore[attr-defined]
         record: URLRecord | None = request.meta.get(META_RECORD)
         if record is not None:
             self.commit.page_failed(record, failure)
+        if (errback := request.meta.get(META_ERRBACK)) is not None:
+            return errback(failure)
+        return None
 
     def _callback_failed(self, failure: Failure, response: Response, **kwargs: Any) -> None:
         """A callback raised (``spider_error``). The commit reschedules

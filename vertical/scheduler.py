@@ -48,7 +48,7 @@ from vertical.policies import make_priority, make_schedule
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenTest
 from vertical.traps import DEFER, HostGuard, check_url
-from vertical.urls import fingerprint, host_of
+from vertical.urls import canonicalize, fingerprint, host_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -112,6 +112,10 @@ class FrontierScheduler(BaseScheduler):
         self._queued: set[int] = set()  # fingerprints in the queues
         self._hosts: deque[str] = deque()
         self._direct: deque[Request] = deque()
+        # Requests the spider yielded (start requests) by fingerprint: their
+        # URL goes through the frontier, the rest of them (meta, headers,
+        # callbacks) comes back when the record is fetched this run.
+        self._templates: dict[int, Request] = {}
         self._inflight: dict[int, URLRecord] = {}
         self._discovered: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._checking: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
@@ -282,7 +286,13 @@ class FrontierScheduler(BaseScheduler):
             # they already belong to this process.
             self._direct.append(request)
             return True
-        self._discover(request.url, meta.get(META_LEVEL, 0), meta.get(META_PARENT), bool(meta.get(META_SEED)))
+        try:
+            url = canonicalize(request.url, self.site.traps.strip_params)
+        except ValueError as exc:
+            logger.warning("Dropped %s: not a URL the frontier can hold (%s)", request, exc)
+            return False
+        self._templates[fingerprint(url)] = request
+        self._discover(url, meta.get(META_LEVEL, 0), meta.get(META_PARENT), bool(meta.get(META_SEED)))
         return True
 
     def discover(self, urls: Iterable[str], parent: URLRecord) -> None:
@@ -409,7 +419,7 @@ class FrontierScheduler(BaseScheduler):
             self._inflight[record.fingerprint] = record
             self._handed_out += 1
             self.stats.inc_value("vertical/scheduler/dequeued")
-            return self.spider.request_for(record)
+            return self.spider.request_for(record, self._templates.pop(record.fingerprint, None))
         return None
 
     def _push(self, record: URLRecord) -> None:
@@ -497,6 +507,8 @@ class FrontierScheduler(BaseScheduler):
         for fp in new:
             url, host, level, parent, _ = batch[fp]
             record = URLRecord(url=url, fingerprint=fp, site=site, host=host, level=level, state=NEW)
+            if parent is not None:
+                record.extra["referer"] = parent.url  # the request's Referer (spider.request_for)
             self.schedule.set_discovered(record, now)
             self.priority.on_discovered(record, parent)
             if reason := check_url(url, self.site.traps):
@@ -545,6 +557,7 @@ class FrontierScheduler(BaseScheduler):
             held += self.commit.held()
             if held:
                 frontier.renew(site, self.owner, held, self.lease)
+                self.stats.inc_value("vertical/scheduler/lease_renewals")
             if dead := frontier.reap(site, dead=self._dead_here()):
                 self.stats.inc_value("vertical/owners/reaped", len(dead))
                 logger.info("Claims of stopped crawl processes released: %s", ", ".join(dead))

@@ -54,6 +54,7 @@ EXTENSIONS = {
     "vertical.progress.CrawlProgress": 0,
     "pipelines.repository.WarcWriter": 0,
     "pipelines.repository.PageMirror": 0,
+    "vertical.metrics.PrometheusMetrics": 0,
 }
 
 # -- page repository and monitoring ----------------------------------------------
@@ -65,6 +66,11 @@ VERTICAL_WARC_MAX_SIZE = 1_000_000_000
 VERTICAL_MIRROR_DIR = None
 # Seconds between progress lines (pages/min, due backlog, ETA); 0 = off.
 VERTICAL_PROGRESS_INTERVAL = 60
+# Prometheus metrics of each crawl process on http://ADDRESS:PORT/metrics
+# (vertical/metrics.py; needs the `metrics` extra); 0 = off. Every process
+# needs its own port. The address is loopback unless you open it.
+VERTICAL_METRICS_PORT = 0
+VERTICAL_METRICS_ADDRESS = "127.0.0.1"
 
 DOWNLOADER_MIDDLEWARES = {
     # Scrapy's robots.txt handling, plus expiry, Crawl-delay and host postponement.
