@@ -93,6 +93,7 @@ from scrapy.utils.asyncio import sleep
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
+from vertical.compat import download_slot, set_slot_delay, slot_active, slot_concurrency, slot_settings
 from vertical.frontier.redis import RETRY_DELAYS, RedisFrontier
 
 if TYPE_CHECKING:
@@ -301,14 +302,14 @@ class HostRateMiddleware:
     async def process_request(self, request: Request) -> None:
         downloader: Downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         # The slot the downloader will queue this request in (created if new).
-        host, slot = downloader._get_slot(request)
+        host, slot = download_slot(downloader, request)
         delay = self._delay(downloader, host)
-        slot.delay = 0.0  # paced here; see the module docstring
-        slot.active.add(request)  # the scheduler's "host busy" test
+        set_slot_delay(slot, 0.0)  # paced here; see the module docstring
+        slot_active(slot).add(request)  # the scheduler's "host busy" test
         try:
-            await self._take_turn(request, host, delay, max(slot.concurrency, 1))
+            await self._take_turn(request, host, delay, max(slot_concurrency(slot), 1))
         except BaseException:
-            slot.active.discard(request)  # not going to the downloader, which would clear it
+            slot_active(slot).discard(request)  # not going to the downloader, which would clear it
             raise
 
     # The download is over: the turn ends as soon as the downloader lets go of
@@ -414,7 +415,7 @@ class HostRateMiddleware:
     def _delay(self, downloader: Downloader, host: str) -> float:
         # The robots middleware keeps a host's Crawl-delay in the per-slot
         # settings; the slot's own delay is zeroed once paced here.
-        configured = downloader.per_slot_settings.get(host, {})
+        configured = slot_settings(downloader).get(host, {})
         return float(configured.get("delay", self.crawler.settings.getfloat("DOWNLOAD_DELAY")))
 
     def _site(self) -> str:

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.extensions.feedexport import FeedExporter, FileFeedStorage
 
+from vertical.compat import FeedSlotState, feed_slot_state, feed_slots
+
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
@@ -85,7 +87,7 @@ class FeedDurability:
         self.scraped += 1
         if self._exporter is None:
             return self.scraped
-        slots = list(self._exporter.slots)
+        slots = feed_slots(self._exporter)
         current = {id(s) for s in slots}
         for slot in self._last_slots:
             if id(slot) not in current:
@@ -93,7 +95,7 @@ class FeedDurability:
                 # least those since it was first seen holding one.
                 self._closing[id(slot)] = self._first.pop(id(slot), self.scraped)
         for slot in slots:
-            if slot.itemcount and id(slot) not in self._first:
+            if feed_slot_state(slot).itemcount and id(slot) not in self._first:
                 self._first[id(slot)] = self.scraped
         self._last_slots = slots
         return self.scraped
@@ -104,16 +106,17 @@ class FeedDurability:
         if self._all_durable or self._exporter is None:
             return self.scraped
         first_undurable = self.scraped + 1
-        for slot in self._exporter.slots:
-            if not slot.itemcount:
+        for slot in feed_slots(self._exporter):
+            state = feed_slot_state(slot)
+            if not state.itemcount:
                 continue
-            if checkpoint and _is_local_file(slot):
+            if checkpoint and _is_local_file(state):
                 try:
-                    slot.file.flush()
-                    os.fsync(slot.file.fileno())
+                    state.file.flush()  # type: ignore[union-attr]
+                    os.fsync(state.file.fileno())  # type: ignore[union-attr]
                     continue
                 except (OSError, ValueError) as exc:  # closed under us, disk error
-                    logger.warning("Could not flush feed %s: %s", slot.uri, exc)
+                    logger.warning("Could not flush feed %s: %s", state.uri, exc)
             first_undurable = min(first_undurable, self._first.get(id(slot), 1))
         for first in self._closing.values():
             first_undurable = min(first_undurable, first)
@@ -128,13 +131,14 @@ class FeedDurability:
             # Its items stay undurable: their outbox rows outlive the run.
             self._failed = failed
             self._lost = True
-            logger.warning("Feed %s was not stored: its items will be emitted again by the next run", slot.uri)
+            logger.warning("Feed %s was not stored: its items will be emitted again by the next run",
+                           feed_slot_state(slot).uri)
 
     def _exporter_closed(self) -> None:
         if not self._lost and not self._closing and _failures(self.stats) == self._failed:
             self._all_durable = True
 
 
-def _is_local_file(slot: Any) -> bool:
+def _is_local_file(slot: FeedSlotState) -> bool:
     return (isinstance(slot.storage, FileFeedStorage) and slot.file is not None
-            and "postprocessing" not in slot.feed_options and hasattr(slot.file, "fileno"))
+            and "postprocessing" not in slot.options and hasattr(slot.file, "fileno"))

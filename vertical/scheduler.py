@@ -43,6 +43,7 @@ from scrapy.core.scheduler import BaseScheduler
 from twisted.internet import task
 
 from vertical.commit import META_RECORD, FrontierCommit
+from vertical.compat import existing_slot, slot_active, slot_concurrency
 from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.policies import make_priority, make_schedule
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
@@ -366,8 +367,8 @@ class FrontierScheduler(BaseScheduler):
         """How many of a host's records to hold: about QUEUE_HORIZON seconds
         of its fetches, so that a process does not hoard what others sharing
         the store could fetch meanwhile."""
-        slot = self.crawler.engine.downloader.slots.get(host)  # type: ignore[union-attr]
-        concurrency = slot.concurrency if slot is not None else self._concurrency
+        slot = existing_slot(self.crawler.engine.downloader, host)  # type: ignore[union-attr]
+        concurrency = slot_concurrency(slot) if slot is not None else self._concurrency
         # The site's delay: the shared host rate zeroes the slot's own.
         if self._delay <= 0:
             # No delay, no rate to go by: two rounds of the slot's concurrency.
@@ -396,16 +397,16 @@ class FrontierScheduler(BaseScheduler):
     # -- internals ----------------------------------------------------------------
 
     def _pop(self) -> Request | None:
-        slots = self.crawler.engine.downloader.slots
+        downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         for _ in range(len(self._hosts)):
             host = self._hosts[0]
             self._hosts.rotate(-1)
             queue = self._queues.get(host)
             if not queue:
                 continue
-            slot = slots.get(host)
-            busy = self._on_the_way_per_host[host] + (len(slot.active) if slot is not None else 0)
-            if busy >= (slot.concurrency if slot is not None else self._concurrency):
+            slot = existing_slot(downloader, host)
+            busy = self._on_the_way_per_host[host] + (len(slot_active(slot)) if slot is not None else 0)
+            if busy >= (slot_concurrency(slot) if slot is not None else self._concurrency):
                 continue  # the host is busy; serve the next one
             record = heapq.heappop(queue)[2]
             self._queued.discard(record.fingerprint)
