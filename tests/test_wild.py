@@ -76,7 +76,6 @@ def test_a_minimal_config_crawls_the_wild_site_to_its_end(tmp_path):
     # followed once; /manual/ serves itself under any folder.
     assert kinds["soft404"] <= 2 + 3
     assert kinds["relative"] <= 1 + 3
-    assert score["trap_fetches"] <= sum(kinds[k] for k in kinds)
 
     # Every guard that fired is named, and no other.
     fired = {k.removeprefix("vertical/trap/") for k in result.stats if k.startswith("vertical/trap/")}
