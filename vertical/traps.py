@@ -9,6 +9,14 @@ per-site statistics and put an over-prominent site under a guard.
 Each check returns the reason (a short name for the ``vertical/trap/<reason>``
 stat) or None. No I/O and no Scrapy objects: a downloader middleware calls
 them on requests and responses.
+
+Some traps show in no single URL or response: a calendar's months, a chain of
+pages each linking one new random URL, a faceted search whose filters combine
+without end are ordinary pages with plain URLs. What gives them away is that
+they yield nothing: :class:`BarrenGuard` counts the pages in a row that
+yielded no new document (Heritrix's hop limit, counted from the last page
+that yielded) and the pages of one URL family that yielded nothing (Adaptive
+OPIC starves such pages of credit; a budget per family bounds them outright).
 """
 
 from __future__ import annotations
