@@ -223,3 +223,13 @@ def test_documents_of_the_wild_site_are_where_the_docstring_says():
 @pytest.mark.parametrize("path", ["/", "/about", "/catalogue?page=1", "/doc/1", "/c/", "/c/a"])
 def test_legitimate_pages_are_not_traps(path):
     assert WildSite(docs=40, per_page=10, tree_wide=2, tree_depth=6).trap_of(path) is None
+
+
+def test_an_index_page_may_link_thousands_of_pages_of_another_family():
+    g = guard(family_budget=10)
+    home = page("http://x/")
+    g.page_links(home, ["http://x/doc/1", "http://x/categories"])
+    index = page("http://x/categories")
+    categories = [f"http://x/category/{n}" for n in range(3000)]
+    assert not g.page_links(index, categories)  # barren: no document on it
+    assert all(g.check(page(u), index) is None for u in categories)

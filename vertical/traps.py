@@ -259,7 +259,7 @@ class BarrenGuard:
       trap (a calendar, a random chain) costs ``2 * max_hops + 1`` fetches at
       most from where it is entered.
     - ``url_family``: a family (:func:`url_family`) admits at most
-      ``family_budget`` URLs found below barren pages, and once
+      ``family_budget`` URLs found on barren pages of its own, and once
       ``family_budget`` of its pages were barren at their first fetch, none
       of its URLs is fetched any more for the first time (they are refused
       at discovery and again before their fetch, :meth:`refuse_fetch`). A
@@ -290,7 +290,7 @@ class BarrenGuard:
         self.max_hops = max_hops
         self.family_budget = family_budget
         self.barren: Counter[str] = Counter()  # family -> pages barren at their first fetch
-        self.spawned: Counter[str] = Counter()  # family -> URLs admitted below barren pages
+        self.spawned: Counter[str] = Counter()  # family -> URLs admitted from its own barren pages
         self._below: OrderedDict[int, int] = OrderedDict()  # page fingerprint -> hops of its links
 
     @classmethod
@@ -336,10 +336,11 @@ class BarrenGuard:
                 return "barren_chain"
         if reason := self._exhausted(record.url):
             return reason
-        if hops and self.family_budget:
-            # Below a barren page: a trap that branches (25 new facet links a
-            # page) would queue far more URLs than its budget lets it fetch.
-            family = url_family(record.url)
+        if hops and self.family_budget and (family := url_family(record.url)) == url_family(parent.url):
+            # A barren page of a family linking new URLs of its own family: a
+            # trap that branches (25 new facet links a page) would queue far
+            # more of them than its budget lets it fetch. (An index page
+            # linking 3 000 categories is of another family than they are.)
             if self.spawned[family] >= self.family_budget:
                 return "url_family"
             self.spawned[family] += 1

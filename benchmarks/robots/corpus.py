@@ -138,7 +138,9 @@ def rule_paths(robots: bytes, limit: int = 5) -> list[str]:
     for line in robots.decode("utf-8", "replace").splitlines():
         key, _, value = line.partition(":")
         value = value.split("#", 1)[0].strip().replace("*", "").rstrip("$")
-        if key.strip().lower() in ("allow", "disallow") and value.startswith("/") and value not in paths:
+        # /robots.txt itself (disallowed by some) would be a second robots.txt request.
+        if key.strip().lower() in ("allow", "disallow") and value.startswith("/") and value not in paths \
+                and value != "/robots.txt":
             paths.append(value)
             if len(paths) == limit:
                 break
@@ -197,6 +199,7 @@ def run_corpus(files: dict[str, bytes], workdir: Path, timeout: float = 3600) ->
         "allowed": verdicts["allowed"],
         "disallowed": verdicts["disallowed"],
         "robots_fetched_once": len(files) - len(unread),
+        "robots_not_fetched_once": {name: log[name, "/robots.txt"] for name in sorted(unread)},
         "verdicts_differing_from_protego": sorted(mismatches),
         "not_decided_by_robots": sorted(undecided),
         "errors_logged": len(errors),
