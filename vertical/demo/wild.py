@@ -169,6 +169,10 @@ class WildSite:
         head = urlsplit(path).path.split("/")[1] if path.startswith("/") else ""
         kinds = {"cal": "calendar", "events": "calendar_query", "chain": "chain", "shop": "session",
                  "search": "facets", "manual": "relative"}
+        if head == "search":
+            # Checked without running the search (a crawl asks for thousands).
+            split = urlsplit(path)
+            return "facets" if split.path == "/search" and self._search_query(split.query) is not None else "soft404"
         if head in kinds and self._route(path) is not None:
             return kinds[head]
         return "soft404"
@@ -406,7 +410,9 @@ class WildSite:
         with self._rng_lock:
             return "".join(self._rng.choice("abcdefghijklmnopqrstuvwxyz012345") for _ in range(24))
 
-    def _search(self, query: str) -> tuple[str, str] | None:
+    @staticmethod
+    def _search_query(query: str) -> tuple[list[tuple[str, str]], dict[str, set[str]], str, int] | None:
+        """A search query's pairs, filters, sort and page; None when it is no search."""
         q = parse_qsl(query, keep_blank_values=True)
         filters: dict[str, set[str]] = {}
         sort, page = "new", 1
@@ -419,6 +425,12 @@ class WildSite:
                 page = int(value)
             else:
                 return None
+        return q, filters, sort, page
+
+    def _search(self, query: str) -> tuple[str, str] | None:
+        if (parsed := self._search_query(query)) is None:
+            return None
+        q, filters, sort, page = parsed
         matching = [d for d in range(1, self.docs + 1)
                     if all(self.facets(d)[f] in values for f, values in filters.items())]
         if sort == "name":
