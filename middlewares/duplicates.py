@@ -4,14 +4,22 @@
 response of a frontier request (:mod:`vertical.duplicates`: a content hash,
 and a simhash when the site's ``duplicates.near`` is on), keeps both in the
 page's record (``extra["content_hash"]``, ``extra["simhash"]``) and looks them up
-among the site's other pages. When another page has the same content, or a
-simhash within ``duplicates.threshold`` bits, the response's meta gets
-``vertical.duplicate_of`` = that page's fingerprint, counted in
-``vertical/duplicate/exact`` or ``vertical/duplicate/near``; the spider then
-records the page as a duplicate and extracts nothing from it.
+among the site's other pages. Mentions of the page's own URL are masked first
+(:func:`vertical.duplicates.mask_url`), so that soft 404s, which name the URL
+they answer for, are copies of each other.
 
-The index holds the pages that are not duplicates themselves, first come
-first served: it is rebuilt from the store's fetched records when the crawl
+Duplicates never lose a document. Only an exact copy (the same content
+hash: a mirror) sets ``vertical.duplicate_of`` = the original's fingerprint
+in the response's meta, counted in ``vertical/duplicate/exact``; the spider
+then follows none of its links, which were followed on the original, and
+extracts it only when it is a document page. A near duplicate (a simhash
+within ``duplicates.threshold`` bits: product variants, pages of one template
+that differ in a price or a date, exactly what a vertical index is for) is
+only flagged: ``vertical/duplicate/near``, and ``extra["similar_to"]`` =
+``[fingerprint, bits]`` in the record (set for exact copies too, with 0 bits).
+
+The index holds the pages that are not exact copies, first come first
+served: it is rebuilt from the store's fetched records when the crawl
 opens and follows every fetch (a page whose content changed moves, a page
 that turned into a copy, or answered 404/410, leaves it).
 """
@@ -26,6 +34,11 @@ from scrapy.http import HtmlResponse, TextResponse
 from vertical.duplicates import CONTENT_XPATH, DuplicateIndex, page_hashes
 from vertical.record import FETCHED
 from vertical.scheduler import META_DUPLICATE, META_RECORD
+
+#: ``URLRecord.extra`` key of a page found to have (nearly) the content of
+#: another: ``[fingerprint of the other page, differing simhash bits]``, 0 bits
+#: for an exact copy.
+SIMILAR = "similar_to"
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -75,7 +88,8 @@ class DuplicateContentMiddleware:
         # lxml directly: parsel would wrap every text node in a Selector.
         parts = response.selector.root.xpath(CONTENT_XPATH) if isinstance(response, HtmlResponse) \
             else [response.text]
-        content, simhash = page_hashes(parts, near=self.near)
+        content, simhash = page_hashes(parts, near=self.near, url=response.url)
+        record.extra.pop(SIMILAR, None)
         if content is None:
             # No text to compare (a frameset, an image map): never a duplicate.
             for key in ("content_hash", "simhash"):
@@ -91,7 +105,14 @@ class DuplicateContentMiddleware:
         if match is None:
             self.index.add(record.fingerprint, content, simhash)
             return response
+        record.extra[SIMILAR] = [match.key, match.distance]
+        if not match.exact:
+            # A page of its own that shares most of its words with another
+            # (product variants, one template): flagged, and treated like any page.
+            self.stats.inc_value("vertical/duplicate/near")
+            self.index.add(record.fingerprint, content, simhash)
+            return response
         self.index.discard(record.fingerprint)
-        self.stats.inc_value("vertical/duplicate/exact" if match.exact else "vertical/duplicate/near")
+        self.stats.inc_value("vertical/duplicate/exact")
         request.meta[META_DUPLICATE] = match.key  # the response is not tied to its request yet
         return response

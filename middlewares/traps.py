@@ -17,8 +17,11 @@ own size limit would cancel the download with an error instead, which the
 spider reschedules as a failed fetch; stopping it first (the signals fire
 before that check) turns it into a response that ends here, as a counted trap.
 
-URL-shape traps, the per-host page cap and the host-share guard act in the
-scheduler, before anything is fetched.
+URL-shape traps, barren chains and URL families (``vertical.traps.BarrenGuard``),
+the per-host page cap and the host-share guard act in the scheduler, before
+anything is fetched. A URL admitted before its family ran out of budget is
+refused here, before its request goes out (``url_family``), and written back
+as a trap like the others.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
     from scrapy.http import Headers, Response
     from typing_extensions import Self
 
+    from vertical.record import URLRecord
+
 
 class TrapGuardMiddleware:
     def __init__(self, crawler: Crawler) -> None:
@@ -55,6 +60,15 @@ class TrapGuardMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
 
+    def process_request(self, request: Request) -> None:
+        # A URL admitted before its family ran out of budget (BarrenGuard):
+        # refused now rather than fetched.
+        record = request.meta.get(META_RECORD)
+        barren = getattr(self.crawler.engine.scheduler, "barren", None)  # type: ignore[union-attr]
+        if record is not None and barren is not None and (reason := barren.refuse_fetch(record)):
+            self._settle(request, record, reason)
+            raise IgnoreRequest(f"trap ({reason}): {request.url}")
+
     def process_response(self, request: Request, response: Response) -> Response:
         record = request.meta.get(META_RECORD)
         if record is None or not 200 <= response.status < 300:
@@ -62,13 +76,16 @@ class TrapGuardMiddleware:
         reason = check_response(response.headers, response.body, self._max_size(request))
         if reason is None:
             return response
-        self.stats.inc_value(f"vertical/trap/{reason}")
         record.http_status = response.status
+        self._settle(request, record, reason)
+        raise IgnoreRequest(f"trap ({reason}): {response.url}")
+
+    def _settle(self, request: Request, record: URLRecord, reason: str) -> None:
+        self.stats.inc_value(f"vertical/trap/{reason}")
         until = self.crawler.engine.scheduler.now() + self.recheck  # type: ignore[union-attr]
         self.crawler.get_extension(FrontierCommit).page_parked(record, TRAP, until, reason)
         # Settled here: without its record the spider's errback leaves it alone.
         del request.meta[META_RECORD]
-        raise IgnoreRequest(f"trap ({reason}): {response.url}")
 
     def _max_size(self, request: Request) -> int:
         return request.meta.get("download_maxsize", self.max_size)

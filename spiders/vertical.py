@@ -194,17 +194,20 @@ class VerticalSpider(Spider):
             yield from self._finish(record, PageOutcome(response, checksum=0))
             return
 
-        if (original := response.meta.get(META_DUPLICATE)) is not None:
+        rule = match_rule(self.site, response.url) or match_rule(self.site, record.url)
+        original = response.meta.get(META_DUPLICATE)
+        if original is not None and rule is None:
             # Seed 004: a copy of a known page; its links were extracted there.
             yield from self._finish(record, PageOutcome(response, duplicate_of=original))
             return
-        links = self._links(response, record)
+        # A copy of a document page is still a document page: extracted, its
+        # links left to the original.
+        links = self._links(response, record) if original is None else []
         # Straight to the frontier, not as requests through the scraper: its
         # output queue runs ahead of the spider, so the page could be written
         # back as fetched before its links were known, and a crawl killed then
         # would lose them.
         self.crawler.engine.scheduler.discover(links, record)  # type: ignore[union-attr]
-        rule = match_rule(self.site, response.url) or match_rule(self.site, record.url)
         if rule is None:
             # A hub or listing page: it "changes" when its links change, so that
             # pages announcing new documents are refetched more often.

@@ -113,3 +113,28 @@ def test_only_really_changed_pages_yield_items(releases, tmp_path):
     assert emitted_pages and emitted_pages <= changed_pages
     assert len(second.items) < 50
     assert {i["status"] for i in second.items} <= {"changed", "new", "gone"}
+
+
+def test_near_duplicate_threshold_on_two_releases(releases):
+    """The default threshold (benchmarks/DUPLICATES.md): the same page in two
+    releases is flagged near, two different pages never are."""
+    from scrapy.http import HtmlResponse
+
+    from vertical.config import DuplicateConfig
+    from vertical.duplicates import CONTENT_XPATH, page_hashes
+
+    def simhashes(root: Path) -> dict[str, int | None]:
+        out = {}
+        for path in sorted(root.rglob("*.html")):
+            url = f"http://docs.example/{path.relative_to(root).as_posix()}"
+            response = HtmlResponse(url, body=path.read_bytes(), encoding="utf-8")
+            out[url] = page_hashes(response.selector.root.xpath(CONTENT_XPATH), url=url)[1]
+        return out
+
+    old, new = (simhashes(root) for root in releases)
+    threshold = DuplicateConfig.threshold
+    assert len(old) > 500 and set(old) == set(new)
+    same = [(old[u] ^ new[u]).bit_count() for u in old]
+    assert sum(d <= threshold for d in same) / len(same) >= 0.9
+    for u, a in old.items():
+        assert all((a ^ b).bit_count() > threshold for v, b in new.items() if v != u), u

@@ -202,6 +202,9 @@ class TrapConfig:
     strip_params: tuple[str, ...] = ("utm_*", "sid", "sessionid", "phpsessid", "jsessionid", "aspsessionid*")
     host_share_guard: float = 0.0
     host_share_min_pages: int = 1000
+    # Chains of pages that yield nothing new (vertical.traps.BarrenGuard).
+    max_barren_hops: int = 20
+    family_budget: int = 1000
 
 
 @dataclass(frozen=True)
@@ -744,7 +747,8 @@ class _SiteParser:
         return lanes
 
     def traps(self, data: dict[str, Any]) -> TrapConfig:
-        limits = ("max_url_length", "max_path_segments", "max_segment_repeats", "max_query_params", "max_pages_per_host")
+        limits = ("max_url_length", "max_path_segments", "max_segment_repeats", "max_query_params", "max_pages_per_host",
+                  "max_barren_hops", "family_budget")
         known = (*limits, "strip_params", "host_share_guard", "host_share_min_pages")
         section = self.section(data, "traps", known)
         d = TrapConfig()

@@ -10,11 +10,14 @@ page has one and otherwise from ``<body>`` without ``<nav>``, ``<footer>`` and
 - boilerplate that changes on every fetch (a "generated at" footer, a
   rotating ad, a session token in a form) would make every copy of a page
   unique; the HTML5 landmarks above are where most sites put it;
-- a duplicate's links are not followed, so two pages are duplicates only when
+- an exact copy's links are not followed, so two pages are copies only when
   following the links of the second would find nothing new: the hrefs are
   part of the content. Raw hrefs, not resolved ones, so that a mirror whose
   relative links point into itself (``/one/page`` and ``/two/page`` both
   linking ``child``) is still recognised as a copy.
+
+Mentions of the page's own URL are masked (:func:`mask_url`): a soft 404
+names the URL it answers for, and is otherwise the same page for every URL.
 
 :func:`content_hash` is a 64-bit hash of that stream with whitespace collapsed;
 :func:`simhash` is Charikar's 64-bit simhash over word 4-shingles of it, lower
@@ -34,6 +37,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 import xxhash
 
@@ -45,6 +49,7 @@ __all__ = [
     "DuplicateIndex",
     "Match",
     "content_hash",
+    "mask_url",
     "page_hashes",
     "simhash",
 ]
@@ -108,10 +113,39 @@ def simhash(parts: Iterable[str]) -> int | None:
     return sum(1 << i for i in range(64) if 2 * counts[i] > half)
 
 
-def page_hashes(parts: Iterable[str], near: bool = True) -> tuple[int | None, int | None]:
-    """``(content_hash(parts), simhash(parts) if near else None)``."""
-    parts = list(parts)
+def page_hashes(parts: Iterable[str], near: bool = True, url: str | None = None) -> tuple[int | None, int | None]:
+    """``(content_hash(parts), simhash(parts) if near else None)``, over
+    :func:`mask_url` ``(parts, url)`` when the page's ``url`` is given."""
+    parts = list(parts) if url is None else mask_url(parts, url)
     return content_hash(parts), simhash(parts) if near else None
+
+
+_URL_MASK = "\x00url\x00"
+
+
+def mask_url(parts: Iterable[str], url: str) -> list[str]:
+    """The content stream ``parts`` of the page at ``url`` with every mention
+    of that URL (whole, its path with and without the query, each also
+    percent-decoded) replaced by one placeholder.
+
+    A soft 404 ("we could not find /old/news/help/") answers 200 for any URL
+    and names it; with the name masked, the not-found pages of two URLs are
+    exact copies, so the relative links they carry are followed once, not
+    into an endless tree of not-found pages.
+    """
+    split = urlsplit(url)
+    mentions = {url, split.path, split.path + (f"?{split.query}" if split.query else "")}
+    mentions |= {unquote(m) for m in mentions}
+    # Longest first, so that a path is not half-replaced; "/" and other
+    # one- or two-character paths would mask ordinary text.
+    ordered = sorted((m for m in mentions if len(m) > 2), key=len, reverse=True)
+    masked = []
+    for part in parts:
+        for mention in ordered:
+            if mention in part:
+                part = part.replace(mention, _URL_MASK)
+        masked.append(part)
+    return masked
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.policies import make_priority, make_schedule
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenTest
-from vertical.traps import DEFER, HostGuard, check_url
+from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
 from vertical.urls import canonicalize, fingerprint, host_of
 
 if TYPE_CHECKING:
@@ -197,6 +197,7 @@ class FrontierScheduler(BaseScheduler):
         traps = site.traps
         self.host_guard = HostGuard(share=traps.host_share_guard, min_urls=traps.host_share_min_pages) \
             if traps.host_share_guard else None
+        self.barren = BarrenGuard.for_site(site, self.seen)
         self._fit_schedule(records)
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
@@ -302,6 +303,8 @@ class FrontierScheduler(BaseScheduler):
         They are stored before the page is written back, so a crawl killed at
         any moment either refetches the page or knows its links."""
         level = parent.level + 1
+        urls = list(urls)
+        self.barren.page_links(parent, urls)
         for url in urls:
             self._discover(url, level, parent, False)
 
@@ -512,7 +515,7 @@ class FrontierScheduler(BaseScheduler):
                 record.extra["referer"] = parent.url  # the request's Referer (spider.request_for)
             self.schedule.set_discovered(record, now)
             self.priority.on_discovered(record, parent)
-            if reason := check_url(url, self.site.traps):
+            if reason := check_url(url, self.site.traps) or self.barren.check(record, parent):
                 # Stored, so it is known and never counted as new again; not
                 # fetched, and looked at again after VERTICAL_TRAP_RECHECK.
                 record.state, record.extra["trap"] = TRAP, reason

@@ -81,6 +81,11 @@ DOWNLOADER_MIDDLEWARES = {
     # both after decompression (590) and redirects (600).
     "middlewares.duplicates.DuplicateContentMiddleware": 575,
     "middlewares.traps.TrapGuardMiddleware": 585,
+    # Redirects of frontier requests become links in the frontier, within
+    # allowed_domains: 3xx before Scrapy's RedirectMiddleware (600), meta
+    # refresh after decompression (590) and before MetaRefreshMiddleware (580).
+    "middlewares.redirects.FrontierRedirectMiddleware": 610,
+    "middlewares.redirects.FrontierMetaRefreshMiddleware": 582,
     # Redis stores only: one request rate per host for all crawl processes.
     # Last to see a request, so that nothing after it drops or delays one.
     "middlewares.hostrate.HostRateMiddleware": 950,

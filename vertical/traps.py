@@ -9,25 +9,39 @@ per-site statistics and put an over-prominent site under a guard.
 Each check returns the reason (a short name for the ``vertical/trap/<reason>``
 stat) or None. No I/O and no Scrapy objects: a downloader middleware calls
 them on requests and responses.
+
+Some traps show in no single URL or response: a calendar's months, a chain of
+pages each linking one new random URL, a faceted search whose filters combine
+without end are ordinary pages with plain URLs. What gives them away is that
+they yield nothing: :class:`BarrenGuard` counts the pages in a row that
+yielded no new document (Heritrix's hop limit, counted from the last page
+that yielded) and the pages of one URL family that yielded nothing (Adaptive
+OPIC starves such pages of credit; a budget per family bounds them outright).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import re
+from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import urlsplit
 
+from vertical.urls import fingerprint
+
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Callable, Collection
 
 __all__ = [
     "ADMIT",
     "DEFER",
+    "HOPS",
     "TEXT_TYPES",
+    "BarrenGuard",
     "HostGuard",
     "TrapLimits",
     "check_response",
     "check_url",
+    "url_family",
 ]
 
 
@@ -197,3 +211,149 @@ class HostGuard:
     def guarded_hosts(self) -> frozenset[str]:
         """The hosts under guard."""
         return frozenset(self._guarded)
+
+
+# -- chains of pages that yield nothing new ----------------------------------------
+
+#: ``URLRecord.extra`` key: barren hops, the number of pages in a row on the
+#: discovery path ending at this URL's parent that yielded nothing new
+#: (absent: 0, the parent was productive or the URL is an entry URL).
+HOPS = "hops"
+
+_DIGIT = re.compile(r"\d")
+
+
+def url_family(url: str) -> str:
+    """The family of ``url``: host, then the path with every segment holding a
+    digit written ``#``, then ``?`` when there is a query.
+
+    ``/cal/2024/5`` and ``/cal/1628/11`` are one family (``/cal/#/#``), as are
+    ``/search?color=red`` and ``/search?size=m&color=red`` (``/search?``), the
+    pages of a random chain ``/chain/k3j9x0`` (``/chain/#``) and the copies of
+    a page under session ids ``/shop/(S(a4x0...))/aisle/2`` (``/shop/#/aisle/#``);
+    ``/c/garden-tools`` and ``/c/kitchen`` are two.
+    """
+    parts = urlsplit(url)
+    path = "/".join("#" if _DIGIT.search(seg) else seg.lower() for seg in parts.path.split("/"))
+    return f"{parts.netloc}{path}{'?' if parts.query else ''}"
+
+
+class BarrenGuard:
+    """Ends the traps that no single URL or response gives away: chains of
+    pages that yield nothing new, and URL families that keep growing without
+    yielding.
+
+    A fetched page is *productive* when it is a document page (its URL
+    matches a document rule) or links a document page new to the frontier;
+    otherwise it is *barren*. A new link inherits its page's count of barren
+    hops: 0 below a productive page, one more than the page's own below a
+    barren one (kept in ``record.extra["hops"]``). Document URLs are never
+    refused: a new one makes its page productive, so it is found at 0 hops.
+
+    Two guards, for the URLs of other pages (hubs, listings, calendars):
+
+    - ``barren_chain``: more than ``max_hops`` barren pages in a row lead to
+      the URL. Heritrix's ``TooManyHopsDecideRule`` (20 hops), counted from
+      the last page that yielded something instead of from the seed: a
+      listing of documents 500 pages long is as deep as it likes, a linear
+      trap (a calendar, a random chain) costs ``2 * max_hops + 1`` fetches at
+      most from where it is entered.
+    - ``url_family``: a family (:func:`url_family`) admits at most
+      ``family_budget`` URLs found on barren pages of its own, and once
+      ``family_budget`` of its pages were barren at their first fetch, none
+      of its URLs is fetched any more for the first time (they are refused
+      at discovery and again before their fetch, :meth:`refuse_fetch`). A
+      branching trap (faceted search, session ids minted on every page)
+      costs at most ``family_budget`` fetches that yield nothing, plus those
+      in flight; a family that yields is never refused, however large, nor
+      are the links of productive pages (a listing that links its 2 000
+      pages at once).
+
+    Plain Python: ``is_document(url)`` applies the site's document rules and
+    ``new(fingerprints)`` answers which fingerprints the frontier does not
+    hold yet (the scheduler's seen test). The family counts hold for one run
+    of one process; the hop counts are stored with the records.
+    """
+
+    #: Pages whose links' hop count is remembered until the links are admitted.
+    MEMORY = 1 << 16
+
+    def __init__(
+        self,
+        is_document: Callable[[str], bool],
+        new: Callable[[set[int]], set[int]],
+        max_hops: int = 20,
+        family_budget: int = 1000,
+    ) -> None:
+        self.is_document = is_document
+        self.new = new
+        self.max_hops = max_hops
+        self.family_budget = family_budget
+        self.barren: Counter[str] = Counter()  # family -> pages barren at their first fetch
+        self.spawned: Counter[str] = Counter()  # family -> URLs admitted from its own barren pages
+        self._below: OrderedDict[int, int] = OrderedDict()  # page fingerprint -> hops of its links
+
+    @classmethod
+    def for_site(cls, site: Any, seen: Any) -> BarrenGuard:
+        """The guard of a ``SiteConfig``, asking ``seen.check_many`` what is new."""
+        patterns = [rule.match for rule in site.documents]
+        return cls(
+            lambda url: any(p.search(url) for p in patterns),
+            lambda fps: seen.check_many(fps)[0],
+            max_hops=site.traps.max_barren_hops,
+            family_budget=site.traps.family_budget,
+        )
+
+    def page_links(self, page: Any, urls: Collection[str]) -> bool:
+        """Note the followed links of a fetched ``page`` (a ``URLRecord`` not
+        yet written back) before they are admitted; return whether the page
+        is productive."""
+        if self.is_document(page.url):
+            productive = True
+        else:
+            docs = {fingerprint(u) for u in urls if self.is_document(u)}
+            productive = bool(docs) and bool(self.new(docs))
+            if not productive and not page.visits:
+                self.barren[url_family(page.url)] += 1
+        below = self._below
+        below[page.fingerprint] = 0 if productive else page.extra.get(HOPS, 0) + 1
+        below.move_to_end(page.fingerprint)
+        if len(below) > self.MEMORY:
+            below.popitem(last=False)
+        return productive
+
+    def check(self, record: Any, parent: Any | None) -> str | None:
+        """Admit a new URL found on ``parent`` (None for an entry URL): None,
+        or the guard that refuses it. Sets ``record.extra["hops"]``."""
+        if parent is None or self.is_document(record.url):
+            return None
+        # A page not noted (or forgotten) counts as productive: a gap in this
+        # memory may cost a trap page, never a real one.
+        hops = self._below.get(parent.fingerprint, 0)
+        if hops:
+            record.extra[HOPS] = hops
+            if self.max_hops and hops > self.max_hops:
+                return "barren_chain"
+        if reason := self._exhausted(record.url):
+            return reason
+        if hops and self.family_budget and (family := url_family(record.url)) == url_family(parent.url):
+            # A barren page of a family linking new URLs of its own family: a
+            # trap that branches (25 new facet links a page) would queue far
+            # more of them than its budget lets it fetch. (An index page
+            # linking 3 000 categories is of another family than they are.)
+            if self.spawned[family] >= self.family_budget:
+                return "url_family"
+            self.spawned[family] += 1
+        return None
+
+    def refuse_fetch(self, record: Any) -> str | None:
+        """Whether a URL admitted earlier should no longer be fetched: never
+        fetched, not a document, and its family ran out since."""
+        if record.visits or self.is_document(record.url):
+            return None
+        return self._exhausted(record.url)
+
+    def _exhausted(self, url: str) -> str | None:
+        if self.family_budget and self.barren[url_family(url)] >= self.family_budget:
+            return "url_family"
+        return None

@@ -39,7 +39,7 @@ CATEGORIES = {
     "vertical: scheduler _flush_discovered (seen test, insert)": ["FrontierScheduler._flush_discovered ("],
     "vertical: SQLite calls (vertical/frontier/sqlite.py)": ["(vertical/frontier/sqlite.py)"],
     "vertical: seen test (vertical/seen.py)": ["(vertical/seen.py)"],
-    "vertical: pipeline page_fetched + settle": ["FrontierPipeline.page_fetched (", "FrontierPipeline._settle ("],
+    "vertical: commit page_fetched + settle": ["FrontierCommit.page_fetched (", "FrontierCommit._settle ("],
     "vertical: page_fetched signal receivers": ["page_fetched"],
     "feed export": ["FeedExporter.item_scraped ("],
     "startup (imports)": ["_find_and_load ("],

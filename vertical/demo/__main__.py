@@ -9,6 +9,7 @@ import threading
 
 from vertical.demo.server import serve
 from vertical.demo.site import BulkSite, DemoSite
+from vertical.demo.wild import WildSite
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,12 +22,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traps", action="store_true", help="add the trap section (/traps/)")
     parser.add_argument("--hosts", type=int, default=1, help="serve on this many loopback addresses")
     parser.add_argument("--bulk", type=int, metavar="N", help="serve a BulkSite of N pages instead")
+    parser.add_argument("--wild", action="store_true", help="serve the wild site (traps, long structures) instead")
+    parser.add_argument("--docs", type=int, default=20_000, help="catalogue documents of the wild site")
     parser.add_argument("--crawl-delay", type=float, help="add Crawl-delay to robots.txt")
     parser.add_argument("--slow-host", type=int, metavar="I", help="0-based index of a host that answers slowly")
     parser.add_argument("--slow-seconds", type=float, default=1.0)
     args = parser.parse_args(argv)
 
-    if args.bulk:
+    if args.wild:
+        site = WildSite(seed=args.seed, docs=args.docs)
+    elif args.bulk:
         if args.host != "127.0.0.1":
             parser.error("--bulk links hosts as 127.0.0.1, 127.0.0.2, ...: leave --host alone")
         site = BulkSite(pages=args.bulk, hosts=args.hosts, seed=args.seed, step=args.step, crawl_delay=args.crawl_delay)
@@ -45,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         slow_seconds=args.slow_seconds if args.slow_host is not None else 0.0,
         address=args.host,
     )
-    kind = f"bulk site, {args.bulk} pages" if args.bulk else f"demo site, seed {args.seed}"
+    kind = "wild site" if args.wild else f"bulk site, {args.bulk} pages" if args.bulk else f"demo site, seed {args.seed}"
     print(f"Serving {kind} at step {site.step}:", flush=True)
     for url in server.urls:
         print(f"  {url}/", flush=True)

@@ -1,0 +1,139 @@
+"""Redirects of frontier requests go through the frontier, within the site.
+
+Every frontier request carries ``dont_filter=True`` (the frontier is the
+dupefilter), which also switches off Scrapy's offsite filtering, and Scrapy's
+redirect middlewares copy it to the redirected request: left to them, a
+redirect to another domain would be fetched, and its content extracted under
+the URL that redirected. Here a redirect of a frontier request (3xx with a
+``Location``, or a ``<meta http-equiv="refresh">`` Scrapy would follow) is a
+page whose one link is its target:
+
+- the source's record is written back through the frontier pipeline as a
+  fetched page with that link: ``extra["redirect"]`` = the canonical target,
+  its checksum that of the target (so a redirect that moves counts as a
+  change), its refetch schedule as any page's;
+- a target within ``allowed_domains`` is discovered like a link, so it
+  becomes its own URL record, or is matched to the record it already has,
+  and its document is extracted once, under the URL that served it
+  (``vertical/redirect/followed``);
+- a target outside them is not fetched (``vertical/redirect/offsite``).
+
+A redirect to the same canonical URL (a cookie set and the page asked
+again, a session id stripped away) is left to Scrapy's middlewares, which
+follow it within ``REDIRECT_MAX_TIMES``. Requests without a frontier record
+(robots.txt, second-stage resources, which may live on a CDN) keep Scrapy's
+behaviour, as does any request with ``dont_redirect``.
+
+Two classes because the two kinds of redirect are seen at two places:
+:class:`FrontierRedirectMiddleware` must see 3xx responses before Scrapy's
+``RedirectMiddleware`` (600), :class:`FrontierMetaRefreshMiddleware` must see
+decompressed bodies (after ``HttpCompressionMiddleware``, 590) before
+Scrapy's ``MetaRefreshMiddleware`` (580).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING
+from urllib.parse import urljoin
+
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import HtmlResponse
+from scrapy.utils.response import get_meta_refresh
+from w3lib.url import safe_url_string
+
+from vertical.commit import FrontierCommit, PageOutcome
+from vertical.config import host_allowed
+from vertical.scheduler import META_RECORD
+from vertical.urls import canonicalize, host_of
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from typing_extensions import Self
+
+    from vertical.record import URLRecord
+
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+#: ``URLRecord.extra`` key: the canonical URL a page redirects to.
+REDIRECT = "redirect"
+
+
+class FrontierRedirectMiddleware:
+    """3xx answers to frontier requests (see the module docstring)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.stats = crawler.stats
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        record: URLRecord | None = request.meta.get(META_RECORD)
+        if record is None or request.meta.get("dont_redirect") or response.status not in REDIRECT_STATUSES:
+            return response
+        location = response.headers.get("Location")
+        if not location:
+            return response
+        self._redirect(request, response, urljoin(request.url, safe_url_string(location.decode("latin-1"))))
+        return response  # not reached for a redirect elsewhere
+
+    def _redirect(self, request: Request, response: Response, target: str) -> None:
+        """Settle the source page as a redirect to ``target`` and drop the
+        response, unless the target is the same URL (then return)."""
+        record: URLRecord = request.meta[META_RECORD]
+        scheduler = self.crawler.engine.scheduler  # type: ignore[union-attr]
+        site = scheduler.site
+        try:
+            canonical = canonicalize(target, site.traps.strip_params)
+        except ValueError:
+            canonical = None  # not http(s), or no host: nowhere to go
+        if canonical == record.url:
+            return
+        allowed = canonical is not None and host_allowed(host_of(canonical), site.allowed_domains)
+        self.stats.inc_value("vertical/redirect/followed" if allowed else "vertical/redirect/offsite")
+        links = [canonical] if allowed else []
+        if allowed:
+            scheduler.discover(links, record)
+        if canonical is None:
+            record.extra.pop(REDIRECT, None)
+        else:
+            record.extra[REDIRECT] = canonical
+        checksum = zlib.crc32((canonical or target).encode()) or 1
+        commit = self.crawler.get_extension(FrontierCommit)
+        assert commit is not None, "vertical.commit.FrontierCommit must be in EXTENSIONS"
+        commit.page_fetched(record, PageOutcome(response, checksum=checksum, links=links), [])
+        # Settled: without its record the spider's errback leaves it alone.
+        del request.meta[META_RECORD]
+        raise IgnoreRequest(f"redirect of {record.url} to {canonical or target}")
+
+
+class FrontierMetaRefreshMiddleware(FrontierRedirectMiddleware):
+    """``<meta http-equiv="refresh">`` pages of frontier requests, as Scrapy's
+    ``MetaRefreshMiddleware`` would read them (``METAREFRESH_ENABLED``,
+    ``METAREFRESH_IGNORE_TAGS``, ``METAREFRESH_MAXDELAY``)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        settings = crawler.settings
+        self.enabled = settings.getbool("METAREFRESH_ENABLED")
+        self.ignore_tags = settings.getlist("METAREFRESH_IGNORE_TAGS")
+        self.max_delay = settings.getint("METAREFRESH_MAXDELAY")
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        if (
+            not self.enabled
+            or META_RECORD not in request.meta
+            or request.meta.get("dont_redirect")
+            or request.method == "HEAD"
+            or not isinstance(response, HtmlResponse)
+            or not 200 <= response.status < 300
+        ):
+            return response
+        interval, url = get_meta_refresh(response, ignore_tags=self.ignore_tags)
+        if url and interval is not None and interval < self.max_delay:
+            self._redirect(request, response, url)
+        return response
