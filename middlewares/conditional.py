@@ -1,4 +1,4 @@
-"""Conditional GETs (seed 001: "download as little as possible").
+"""Conditional GETs (the Rambler crawler: "download as little as possible").
 
 Sends the validators stored with a URL record (``If-None-Match`` from its
 ETag, ``If-Modified-Since`` from its Last-Modified); the spider counts a 304

@@ -1,6 +1,6 @@
-"""DNS cache with expiry and negative caching, and prefetch (seed 004).
+"""DNS cache with expiry and negative caching, and prefetch (Mining the Web).
 
-Seed 004: DNS resolution becomes a crawler's bottleneck unless it caches,
+Mining the Web: DNS resolution becomes a crawler's bottleneck unless it caches,
 prefetches the host names of freshly extracted links ("submit the host name
 to the DNS system early; the answer goes to the cache, it may or may not be
 used later"), and uses a custom asynchronous client that can keep many

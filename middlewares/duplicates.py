@@ -1,4 +1,4 @@
-"""Duplicate pages (seed 004): "do not extract links from a duplicate twice".
+"""Duplicate pages (Mining the Web: "do not extract links from a duplicate twice").
 
 :class:`DuplicateContentMiddleware` hashes the content of every 200 text
 response of a frontier request (:mod:`vertical.duplicates`: a content hash,

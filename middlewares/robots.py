@@ -1,4 +1,4 @@
-"""robots.txt for a crawl that runs for days (seed 001: "robots.txt"; RFC 9309).
+"""robots.txt for a crawl that runs for days (the Rambler crawler's polite fetcher; RFC 9309).
 
 :class:`RobotsMiddleware` is Scrapy's ``RobotsTxtMiddleware`` (Protego by
 default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's

@@ -1,4 +1,4 @@
-"""Response trap guards (seed 004: pathological pages, non-text MIME types).
+"""Response trap guards (Mining the Web: pathological pages, non-text MIME types).
 
 :class:`TrapGuardMiddleware` runs :func:`vertical.traps.check_response` on the
 2xx responses of frontier requests. A page found to be a trap (``not_text``,

@@ -1,4 +1,4 @@
-"""The page repository (seeds 000 and 004): page content kept apart from the
+"""The page repository (Loki's mirror; Mining the Web's repository): page content kept apart from the
 URL records, by two opt-in extensions listening to
 :data:`vertical.signals.page_fetched`.
 
@@ -12,7 +12,7 @@ URL records, by two opt-in extensions listening to
   demo site's footer changes at every step; the index does not care).
 * :class:`PageMirror` (``VERTICAL_MIRROR_DIR``) keeps the latest copy of
   each page as a file at :func:`mirror_path` of its URL; a gone page (404,
-  410) is moved under ``archive/`` (seed 000's "archive" flag), never deleted.
+  410) is moved under ``archive/`` (Loki's "archive" flag), never deleted.
 
 Each tells the URL record where the content is, in ``record.extra["content"]``
 (saved by the commit right after the signal): the WARC writer sets

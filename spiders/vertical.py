@@ -197,7 +197,7 @@ class VerticalSpider(Spider):
         rule = match_rule(self.site, response.url) or match_rule(self.site, record.url)
         original = response.meta.get(META_DUPLICATE)
         if original is not None and rule is None:
-            # Seed 004: a copy of a known page; its links were extracted there.
+            # A copy of a known page (Mining the Web: links are not extracted from a duplicate twice).
             yield from self._finish(record, PageOutcome(response, duplicate_of=original))
             return
         # A copy of a document page is still a document page: extracted, its
@@ -298,7 +298,7 @@ class VerticalSpider(Spider):
                 url, method="HEAD" if stage.method == "head" else "GET", headers=headers,
                 callback=self.parse_second_stage, errback=self.second_stage_failed, dont_filter=True,
                 # Direct requests go ahead of the frontier: half-built
-                # documents finish first (seed 001).
+                # documents finish first (the Rambler crawler's two-stage documents).
                 meta={META_DIRECT: True, META_COMPOSITE: page, META_STAGE_URL: url,
                       "handle_httpstatus_all": True},
             ))
@@ -333,7 +333,7 @@ class VerticalSpider(Spider):
                 urls.append(canonicalize(link.url, strip))
             except ValueError:
                 continue
-        # Seed 004: resolve new host names now, so that their first fetch
+        # DNS prefetch (Mining the Web): resolve new host names now, so that their first fetch
         # finds them cached.
         prefetch({host_of(url) for url in urls} - {record.host})
         return urls

@@ -1,4 +1,4 @@
-"""Composite documents (seed 001): a film page and its trailer, in two stages."""
+"""Composite documents (the Rambler crawler's two stages): a film page and its trailer, in two stages."""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def test_factories_reject_with_a_clear_message(call, message):
         call()
 
 
-# -- adaptive (seed 001) --------------------------------------------------------
+# -- adaptive (the Rambler crawler) -------------------------------------------
 
 
 def test_adaptive_doubles_halves_and_clamps_exactly():

@@ -1,4 +1,4 @@
-"""Change detection (seed 001): CRC32 over extracted fields, not raw HTML.
+"""Change detection (the Rambler crawler): CRC32 over extracted fields, not raw HTML.
 
 Pure functions. A page's checksum covers all its records, so it drives the
 page's refetch delay; per-record checksums decide which records of a
@@ -57,7 +57,7 @@ class PageDiff:
         return bool(self.new or self.changed or self.gone)
 
     def harvest(self) -> float:
-        """Information gained (seed 002): log(size + 1) of what changed."""
+        """Information gained (S.C.E.N.T.): log(size + 1) of what changed."""
         size = sum(len(canonical_json(self.docs[k]["fields"])) for k in (*self.new, *self.changed))
         size += sum(len(canonical_json(d.get("fields", {}))) for d in self.gone.values())
         return math.log(size + 1) if size else 0.0

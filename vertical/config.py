@@ -114,7 +114,7 @@ class DocumentRule:
 
 @dataclass(frozen=True)
 class SecondStage:
-    """Composite documents (seed 001): the URL in ``field`` is fetched as a
+    """Composite documents (the Rambler crawler): the URL in ``field`` is fetched as a
     second stage before the document is complete; the resource's checksum
     (``get``: CRC32 of the body; ``head``: of its validators; ``range``: of the
     first ``range_bytes`` and the total length) becomes part of the document."""

@@ -1,4 +1,4 @@
-"""Duplicate pages (seed 004: "exact duplicates by content hash, near-duplicates
+"""Duplicate pages (Mining the Web: "exact duplicates by content hash, near-duplicates
 by shingling; do not extract links from a duplicate twice"), pure functions.
 
 What is compared is a page's *content stream*: the text nodes and the raw

@@ -1,4 +1,4 @@
-"""The URL record: one entry of the frontier ("the list" of seeds 000 and 001).
+"""The URL record: one entry of the frontier ("the list" of Loki and of the Rambler crawler).
 
 Plain data with no I/O, shared by the frontier backends, the scheduler, the
 policies and the simulator.

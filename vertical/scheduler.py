@@ -4,7 +4,7 @@ Scrapy's own scheduler forgets everything between runs and knows nothing of
 due times. This one keeps no request of its own: it claims due URL records
 from the store in batches (with a lease, so several processes can share a
 store), holds them in per-host priority queues, and serves the hosts
-round-robin as a cyclic priority queue (seed 001), handing out a request only
+round-robin as a cyclic priority queue (the Rambler crawler's scheduler), handing out a request only
 for a host whose download slot has room, so that one slow host never holds up
 the others.
 
@@ -78,7 +78,7 @@ MISSED_HEARTBEATS = 3
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:
-    """Seed 000's lanes: ``fast`` takes new URLs and hubs (levels up to
+    """Loki's lanes: ``fast`` takes new URLs and hubs (levels up to
     ``fast_max_level``) not fetched within ``fast_horizon``; ``slow`` takes
     the deeper pages not fetched within ``slow_horizon`` and any page not
     fetched for ``stale``; no lane takes everything that is due."""

@@ -1,4 +1,4 @@
-"""The URL-seen test: "is this fingerprint already in the frontier?" (seeds 003, 004).
+"""The URL-seen test: "is this fingerprint already in the frontier?" (Mercator's URL-seen test; Mining the Web).
 
 Most extracted links are either certainly new or recently seen, so the store
 is asked only about the rest (Mercator's design):

@@ -114,7 +114,7 @@ USER_AGENT = "vertical/0.1 (+https://github.com/vertical-crawler/vertical)"
 DUPEFILTER_CLASS = "scrapy.dupefilters.BaseDupeFilter"
 
 # DNS: a cache with expiry and negative answers, and prefetch of the hosts
-# of extracted links (seed 004). VERTICAL_DNS_SERVERS = ["host:port"] asks
+# of extracted links (Mining the Web). VERTICAL_DNS_SERVERS = ["host:port"] asks
 # those servers directly with Twisted Names instead of the system resolver.
 TWISTED_DNS_RESOLVER = "middlewares.dns.CachingResolver"
 VERTICAL_DNS_TTL = 3600

@@ -1,6 +1,6 @@
-"""Crawler-trap guards (seed 004: "crawler traps: solutions"), pure functions.
+"""Crawler-trap guards (Mining the Web: "crawler traps: solutions"), pure functions.
 
-Seed 004 lists the traps: pathological HTML (68 kB of NUL characters),
+Mining the Web lists the traps: pathological HTML (68 kB of NUL characters),
 CGI programs that generate infinitely many pages, deep paths built from
 repeating segments (``/hatchline/flyfactory/flyfactory/flyfactory/...``);
 and the guards: check the URL length, skip non-text MIME types, gather
@@ -167,7 +167,7 @@ DEFER: Literal["defer"] = "defer"
 
 
 class HostGuard:
-    """Put an over-prominent host under a guard (seed 004).
+    """Put an over-prominent host under a guard (Mining the Web).
 
     Call :meth:`decide` once per new URL found. A host is put under guard
     when, after at least ``min_urls`` new URLs in the crawl from two hosts or

@@ -1,9 +1,9 @@
 """URL hygiene: one canonical form per resource, its 64-bit fingerprint, its host.
 
 Every extracted link goes through :func:`canonicalize` before the URL-seen test
-(seed 004, "link extraction and normalisation"), so two spellings of one URL
+(Mining the Web, "link extraction and normalisation"), so two spellings of one URL
 become one record, and :func:`fingerprint` turns the canonical string into the
-fixed-size key the frontier stores (seed 003: "store URLs as checksums").
+fixed-size key the frontier stores (Mercator: "store URLs as checksums").
 
 Parsing follows the WHATWG URL Standard for the ``http`` and ``https``
 schemes as far as a crawler needs (whitespace and backslashes, slashes after
@@ -113,7 +113,7 @@ def fingerprint(url: str) -> int:
     """A signed 64-bit integer naming the canonical ``url`` (fits SQLite INTEGER).
 
     The caller passes the output of :func:`canonicalize`; the string is hashed
-    as given. Seed 004's two-level hash, so that sorting by fingerprint keeps
+    as given. Mining the Web's two-level hash, so that sorting by fingerprint keeps
     the URLs of one host together (one B-tree neighbourhood per host):
 
     - bits 63..40 (24 bits): BLAKE2b of the host and explicit port (not the

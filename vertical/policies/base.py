@@ -51,7 +51,7 @@ class FetchSchedule(ABC):
         return min(self.max_delay, max(self.min_delay, delay))
 
     def set_discovered(self, record: URLRecord, now: float) -> None:
-        """A new URL: due now, with the initial delay (seed 001)."""
+        """A new URL: due now, with the initial delay (the Rambler crawler)."""
         record.refetch_delay = self.clamp(self.initial)
         record.next_fetch = now
 

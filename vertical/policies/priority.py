@@ -4,10 +4,10 @@
   fetched first of all; with a zero refetch delay this is round robin.
 * :class:`DuePriority` (``due``): the earliest due first, optionally after
   the entry pages and the pages they announce.
-* :class:`LevelPriority` (``level``): seed 000's order, the smallest level
+* :class:`LevelPriority` (``level``): Loki's order, the smallest level
   (link distance from an entry page) first, then the oldest fetch.
-* :class:`ScentPriority` (``scent``): seed 002's S.C.E.N.T.
-* :class:`OpicPriority` (``opic``): seed 003's Adaptive OPIC credit.
+* :class:`ScentPriority` (``scent``): S.C.E.N.T.
+* :class:`OpicPriority` (``opic``): Adaptive OPIC credit (Abiteboul, Preda and Cobena).
 
 None of them touches records other than those it is handed: the global
 parts (S.C.E.N.T.'s per-step gain, OPIC's virtual page) are offsets common to
@@ -45,7 +45,7 @@ class DuePriority(PriorityPolicy):
     than can be fetched, the longest overdue goes first, so a page with a
     short refetch delay does not wait behind a month-old one due at the same
     time. Due pages at ``level <= levels`` (by default the entry pages and
-    the new pages they announce) go before all others, as in seed 000;
+    the new pages they announce) go before all others, as in Loki;
     ``levels=-1`` turns that off."""
 
     name = "due"
@@ -71,7 +71,7 @@ LEVEL_SPAN = 1e11
 
 
 class LevelPriority(PriorityPolicy):
-    """Seed 000 (Loki): minimum level first, then the oldest fetch (never
+    """Loki: minimum level first, then the oldest fetch (never
     fetched counts as oldest): ``priority = -(level * LEVEL_SPAN + fetch_time)``."""
 
     name = "level"
@@ -84,7 +84,7 @@ class LevelPriority(PriorityPolicy):
 
 
 class ScentPriority(PriorityPolicy):
-    """S.C.E.N.T. (seed 002): every fetch halves the page's scent and adds the
+    """S.C.E.N.T.: every fetch halves the page's scent and adds the
     harvest; after every step each page gains ``delta_s``. A step is one fetch.
 
     ``delta_s = 0`` starves pages that were found unchanged a few times;
@@ -129,7 +129,7 @@ class ScentPriority(PriorityPolicy):
 
 
 class OpicPriority(PriorityPolicy):
-    """Adaptive OPIC (Abiteboul, Preda and Cobena, 2003; seed 003).
+    """Adaptive OPIC (Abiteboul, Preda and Cobena, 2003).
 
     Every page holds cash. Fetching a page hands its cash on: ``1 - tax`` in
     equal shares to its outlinks, ``tax`` (all of it for a page without

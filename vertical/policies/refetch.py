@@ -3,7 +3,7 @@
 * :class:`FixedSchedule` (``fixed``): always the initial delay (Nutch's
   DefaultFetchSchedule); with a zero delay every page is always due and the
   priority policy alone decides (round robin, S.C.E.N.T.).
-* :class:`AdaptiveSchedule` (``adaptive``): seed 001's rule, divide the delay
+* :class:`AdaptiveSchedule` (``adaptive``): the Rambler crawler's rule, divide the delay
   by K when the page changed, multiply it by K when it did not.
 * :class:`NutchSchedule` (``nutch``): Apache Nutch's AdaptiveFetchSchedule.
 * :class:`OptimalSchedule` (``optimal``): estimate each page's change rate
@@ -45,7 +45,7 @@ class FixedSchedule(FetchSchedule):
 
 
 class AdaptiveSchedule(FetchSchedule):
-    """Seed 001: ``delay / factor`` after a change, ``delay * factor`` after
+    """The Rambler crawler: ``delay / factor`` after a change, ``delay * factor`` after
     an unchanged visit, clamped to ``[min_delay, max_delay]``; the first
     fetch keeps the initial delay (there is nothing to compare with)."""
 

@@ -60,7 +60,7 @@ def policy_specs(scn: Scenario) -> list[PolicySpec]:
     """The scenario's policies as (schedule, priority) pairs.
 
     ``uniform`` and ``scent`` keep every page always due (a zero fixed delay)
-    so the priority alone decides; ``level`` is seed 000's slow lane (a page
+    so the priority alone decides; ``level`` is Loki's slow lane (a page
     is due a day after its last fetch; lowest level, then oldest, first);
     ``adaptive``, ``nutch`` and ``optimal`` take due pages oldest first;
     ``SCHEDULE+PRIORITY`` pairs any two registered policies.
