@@ -44,6 +44,8 @@ from twisted.names import client, dns
 from twisted.names.error import DNSNameError
 from zope.interface import implementer
 
+from vertical.compat import installed_resolver
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
@@ -309,7 +311,7 @@ def get_resolver(reactor: Any = None) -> CachingResolver | None:
     reactor by default), None when another resolver is installed."""
     if reactor is None:
         from twisted.internet import reactor
-    resolver = getattr(reactor, "resolver", None)
+    resolver = installed_resolver(reactor)
     return resolver if isinstance(resolver, CachingResolver) else None
 
 

@@ -1,104 +1,293 @@
-"""One request rate per host for every crawl process on a Redis frontier.
+"""One politeness per host for every crawl process on a Redis frontier.
 
 Scrapy paces each download slot in its own process only: three processes
 with a 1 s delay send a host three requests a second. When ``VERTICAL_STORE``
-is ``redis://...``, :class:`HostRateMiddleware` makes the delay hold across
-processes (and machines). Before a request goes to the downloader it reserves
-the host's next send time in Redis with one atomic script::
+is ``redis://...``, :class:`HostRateMiddleware` makes a host's delay and
+concurrency hold across processes (and machines).
 
-    next = max(now, stored); stored = next + delay; wait next - now
+A request takes a *turn* at its host just before it goes to the downloader,
+and gives it back when its download ends. Taking a turn is one atomic script
+on Redis (:class:`HostTurns`), run at the moment of sending: it either grants
+the turn now or answers "not yet, ask again in N s". Nothing is reserved for
+later, so a process that is late (a busy CPU, a long callback) only sends
+late; it never makes anyone else's request come early.
 
-keyed ``vertical:{site}:host:<host>`` (the frontier's prefix and hash tag),
-with a TTL just past the stored time. ``now`` is the Redis server's clock
-(``TIME``), so processes on machines with skewed clocks still agree. The
-request then waits that long without blocking the reactor.
+The rule, per host, is Heritrix's (a host's queue snoozes for the delay once
+its fetch *completes*), shared through Redis:
+
+* with a delay, one request is in flight at a time, and the next turn is
+  granted only ``delay`` after the previous download ended (as stamped by
+  Redis's own clock when its process reported it);
+* with no delay, up to the slot's concurrency are in flight at once.
 
 What callers can rely on:
 
-* Requests to one host, from all processes sharing the store and site, are
-  sent at least the host's delay apart, whatever the processes' clocks.
-  Reserved times are ``delay + VERTICAL_HOST_RATE_MARGIN`` apart: a process
-  busy with other work sends a few milliseconds after its time, and the
-  margin keeps such a late send from coming closer than the delay to the
-  next process's.
-* The delay is the host's download-slot delay: the site's politeness delay
-  (``DOWNLOAD_DELAY``), or its per-slot value in ``DOWNLOAD_SLOTS``, which the
-  robots middleware raises to the host's ``Crawl-delay``. A delay of 0 is not
-  paced at all.
-* While Redis is unreachable a request waits and retries, with the
-  frontier's backoff and patience (``?patience=`` of the store URI); only
-  after that does it fail.
+* **The gap.** Requests to one host, from all processes sharing the store and
+  site, arrive at the host at least the delay apart, whatever the load or
+  lateness of any process. The previous request reached the host before its
+  response came back, its end was reported after that, and the next request
+  is sent after a grant ``delay`` later on Redis's clock: so the arrivals are
+  more than ``delay`` apart by causality alone, with no margin for lateness.
+  Of two consecutive requests, the larger of their processes' delays holds
+  (one that has read a ``Crawl-delay`` binds the next one of another).
+* **The concurrency.** No more than the slot's concurrency are in flight at a
+  host across all processes (one while there is a delay); a request is in
+  flight from its grant until its download ends.
+* **A dead process** holds its host's turn until the frontier's registry of
+  crawl processes no longer holds it alive (it was reaped, or its heartbeat
+  ran out: ``VERTICAL_HEARTBEAT``), or until its request's lease runs out,
+  whichever comes first: its download timeout (``download_timeout`` meta or
+  ``DOWNLOAD_TIMEOUT``) plus :data:`LEASE_MARGIN`. That bound is also the
+  limit of the guarantee: a live process whose reactor stalls longer than it
+  between a grant and the end of that download is treated as dead.
+* **The delay** is the host's download-slot delay: the site's politeness
+  delay (``DOWNLOAD_DELAY``), or its per-slot value in ``DOWNLOAD_SLOTS``,
+  which the robots middleware raises to the host's ``Crawl-delay``.
+* **Redis unreachable**: taking a turn waits and retries with the frontier's
+  backoff and patience (``?patience=`` of the store URI), then fails the
+  request; giving one back retries in the background meanwhile (the host's
+  next turn could not be granted anyway).
 * Without a Redis store the middleware is disabled (``NotConfigured``).
 
-To send each request at its reserved time, this process stops pacing the
-slot itself (its local delay would only push requests later, closer to
-another process's turn) and lets a host's next request reserve only once
-one of its ``concurrency`` requests has left the downloader (otherwise it
-would wait in the slot's queue past its turn). Requests waiting here count
-as active in their download slot, so the scheduler sees the host as busy
-and serves other hosts meanwhile.
+The price: with a delay, a host is fetched at ``1 / (delay + latency)``, not
+``1 / delay``, whatever the concurrency, where the latency is the whole
+download as the crawler sees it. Each request costs two Redis calls (and one
+more per "not yet"). Turns are not fair between processes: whoever asks
+first after the host is free gets it.
 
-It must be the last downloader middleware to see a request (after any that
-may drop or answer one), hence its order, 950.
+The guarantee assumes Redis's clock does not step backwards (NTP slews, it
+does not jump) and leaves out a request the host reads only after the
+crawler gave up on it (its download timed out).
+
+In Redis, under the frontier's prefix and the site's hash tag, a host has a
+hash ``vertical:{site}:hostrate:<host>`` (when its last download ended, and
+the delay of its last turn) and a sorted set ``...:flight`` (its turns in
+flight and their leases); both expire :data:`STATE_MARGIN` after they stop
+mattering. Stats: ``vertical/hostrate/granted`` (turns),
+``vertical/hostrate/waited`` (requests told "not yet" at least once),
+``vertical/hostrate/expired`` (dead processes' turns this one cleared),
+``vertical/hostrate/retries`` (Redis unreachable).
+
+Requests waiting for their turn count as active in their download slot, so
+the scheduler sees the host as busy and serves other hosts meanwhile, and
+this process stops pacing the slot itself (its own delay would only add to
+the shared one). It must be the last downloader middleware to see a request
+(after any that may drop or answer one), hence its order, 950.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
-from collections import defaultdict, deque
-from typing import TYPE_CHECKING
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import sleep
-from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
+from vertical.compat import download_slot, set_slot_delay, slot_active, slot_concurrency, slot_settings
 from vertical.frontier.redis import RETRY_DELAYS, RedisFrontier
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from scrapy import Request
-    from scrapy.core.downloader import Downloader, Slot
+    from scrapy.core.downloader import Downloader
     from scrapy.crawler import Crawler
+    from scrapy.http import Response
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
-#: Seconds added after a process's first request to a host: connecting
-#: delays that request by up to tens of milliseconds on a busy machine.
-FIRST_CONNECTION_MARGIN = 0.1
+T = TypeVar("T")
 
-#: Milliseconds a host key outlives the send time it stores.
-TTL_MARGIN_MS = 1000
+#: Seconds a turn's lease outlives its request's download timeout: the time
+#: from the grant to the start of the download, and a late timeout callback.
+LEASE_MARGIN = 5.0
+
+#: Seconds a host's state stays in Redis after the delay that follows its
+#: last download: a process with a longer delay (it has read a Crawl-delay
+#: the others have not) still finds when that download ended.
+STATE_MARGIN = 60.0
+
+#: Seconds between asks while another process's request holds the host (or
+#: all of its concurrency): ends of other processes' downloads are not
+#: announced, so they are polled, at least this far apart.
+BUSY_POLL = 0.05
 
 _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 
-# KEYS: the host's key; ARGV: delay (seconds). Returns the wait in seconds,
-# as a string: Lua numbers would come back truncated to integers.
-_RESERVE = r"""
-local t = redis.call("TIME")
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local at = math.max(now, tonumber(redis.call("GET", KEYS[1]) or "0"))
-local free = at + tonumber(ARGV[1])
-redis.call("SET", KEYS[1], string.format("%.6f", free), "PX",
-           math.ceil((free - now) * 1000) + tonumber(ARGV[2]))
-return string.format("%.6f", at - now)
+#: Between the owner id and the number in a turn's token. Tokens of the
+#: frontier's owners are checked against its registry of live processes.
+TOKEN_SEP = "\x1e"
+
+# Shared by both scripts. KEYS[1]: the host's state, a hash of "done" (Redis
+# time the last download ended) and "delay" (the last grantee's own delay);
+# KEYS[2]: the requests in flight, a sorted set of token -> lease expiry.
+# Times are seconds as "%.6f" strings: Lua numbers would come back truncated
+# to integers.
+_HELPERS = r"""
+local function clock()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+-- Both keys live as long as their state matters: until the last lease
+-- runs out, and the delay after the last end (and a margin).
+local function keep(now, done, delay, margin)
+  local horizon = done + delay
+  local last = redis.call("ZRANGE", KEYS[2], -1, -1, "WITHSCORES")
+  if #last > 0 then horizon = math.max(horizon, tonumber(last[2])) end
+  local ttl = math.ceil((horizon + margin - now) * 1000)
+  redis.call("PEXPIRE", KEYS[1], ttl)
+  redis.call("PEXPIRE", KEYS[2], ttl)
+end
+"""
+
+# ARGV: token, delay, concurrency, lease, busy poll, state margin (seconds).
+# Returns {wait, expired}: wait "0" when the turn is granted, else the seconds
+# to wait before asking again; expired, the turns of others that ran out.
+_TAKE = _HELPERS + r"""
+local now = clock()
+local state = redis.call("HMGET", KEYS[1], "done", "delay")
+local done = tonumber(state[1]) or 0
+local delay = math.max(tonumber(ARGV[2]), tonumber(state[2]) or 0)
+-- A turn whose lease ran out (its process died) ends at its expiry.
+local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "WITHSCORES")
+local cleared = #expired / 2
+if #expired > 0 then
+  done = math.max(done, tonumber(expired[#expired]))
+  redis.call("ZREMRANGEBYSCORE", KEYS[2], "-inf", now)
+end
+-- A turn of a crawl process the frontier's registry no longer holds alive
+-- (reaped, or its heartbeat ran out) ends now, before its lease.
+for _, token in ipairs(redis.call("ZRANGE", KEYS[2], 0, -1)) do
+  local cut = string.find(token, "\30", 1, true)
+  if cut then
+    local beat = redis.call("HGET", KEYS[3], string.sub(token, 1, cut - 1))
+    local alive = beat and tonumber(string.sub(beat, 1, (string.find(beat, "\31", 1, true) or 0) - 1))
+    if not alive or alive < now then
+      redis.call("ZREM", KEYS[2], token)
+      done = math.max(done, now)
+      cleared = cleared + 1
+    end
+  end
+end
+if cleared > 0 then
+  redis.call("HSET", KEYS[1], "done", string.format("%.6f", done))
+end
+local flying = redis.call("ZCARD", KEYS[2])
+local wait = 0
+if delay > 0 then
+  if flying > 0 then
+    -- It has not ended yet: the earliest turn is a delay from now.
+    wait = math.max(delay, tonumber(ARGV[5]))
+  else
+    wait = done + delay - now
+  end
+elseif flying >= tonumber(ARGV[3]) then
+  wait = tonumber(ARGV[5])
+end
+if wait > 0 then
+  -- Rounded up: a wait that printed as "0.000000" would read as a grant.
+  return {string.format("%.6f", math.ceil(wait * 1000000) / 1000000), cleared}
+end
+redis.call("ZADD", KEYS[2], string.format("%.6f", now + tonumber(ARGV[4])), ARGV[1])
+redis.call("HSET", KEYS[1], "delay", ARGV[2])
+keep(now, done, delay, tonumber(ARGV[6]))
+return {"0", cleared}
+"""
+
+# ARGV: token, state margin. The end is stamped now even for a token no
+# longer in flight (its lease ran out first): a later end only makes the next
+# turn later.
+_END = _HELPERS + r"""
+local now = clock()
+redis.call("ZREM", KEYS[2], ARGV[1])
+local state = redis.call("HMGET", KEYS[1], "done", "delay")
+local done = math.max(tonumber(state[1]) or 0, now)
+local delay = tonumber(state[2]) or 0
+redis.call("HSET", KEYS[1], "done", string.format("%.6f", done))
+keep(now, done, delay, tonumber(ARGV[2]))
+return string.format("%.6f", done)
 """
 
 
+class HostTurns:
+    """Turns at hosts, shared by every process that uses the same Redis keys.
+
+    :meth:`take` is atomic and never books a time in the future: a turn is
+    granted now or not at all. Every granted turn must be given back with
+    :meth:`end` once its request's download has ended; one that is not (its
+    process died) ends when its lease runs out.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.prefix = prefix
+        self._take = client.register_script(_TAKE)
+        self._end = client.register_script(_END)
+
+    def keys(self, site: str, host: str) -> list[str]:
+        """The host's state, its requests in flight, and the frontier's
+        registry of crawl processes, under the site's hash tag."""
+        base = f"{self.prefix}:{{{site}}}:hostrate:{host}"
+        return [base, f"{base}:flight", f"{self.prefix}:{{{site}}}:owners"]
+
+    def take(self, site: str, host: str, token: str, *, delay: float, concurrency: int,
+             lease: float) -> tuple[float, int]:
+        """Take a turn at ``host`` for ``token`` if it is free now.
+
+        Returns ``(wait, expired)``: ``wait`` is 0 when the turn is granted
+        (send the request now), else the seconds before it is worth asking
+        again (never later than the earliest moment it could be granted);
+        ``expired`` counts the turns of dead processes cleared meanwhile.
+        """
+        wait, expired = self._take(keys=self.keys(site, host),
+                                   args=[token, repr(delay), concurrency, repr(lease), repr(BUSY_POLL),
+                                         repr(STATE_MARGIN)])
+        return float(wait), int(expired)
+
+    def end(self, site: str, host: str, token: str) -> float:
+        """End ``token``'s turn: its download is over. Returns the end as
+        stamped on Redis's clock (seconds since the epoch)."""
+        return float(self._end(keys=self.keys(site, host), args=[token, repr(STATE_MARGIN)]))
+
+
+@dataclass
+class _Host:
+    """This process's requests to one host that ask for, or hold, a turn."""
+
+    taking: int = 0
+    waiting: deque[Deferred[None]] = field(default_factory=deque)
+
+
+@dataclass(frozen=True)
+class _Turn:
+    host: str
+    token: str
+
+
 class HostRateMiddleware:
+    """Takes each request's turn at its host (see the module docstring)."""
+
     def __init__(self, crawler: Crawler, frontier: RedisFrontier) -> None:
         self.crawler = crawler
         self.stats = crawler.stats
-        self.margin: float = crawler.settings.getfloat("VERTICAL_HOST_RATE_MARGIN")
+        self.download_timeout: float = crawler.settings.getfloat("DOWNLOAD_TIMEOUT")
         # Only its connection, key prefix and patience: the same options as the store's.
         self.redis = frontier
-        self._reserve = frontier.client.register_script(_RESERVE)
-        self._sending: dict[str, set[Request]] = defaultdict(set)  # past the reservation, not yet done
-        self._waiting: dict[str, deque[Deferred[None]]] = defaultdict(deque)
-        self._connected: set[str] = set()  # hosts this process has sent to
+        self.turns = HostTurns(frontier.client, frontier.prefix)
+        self._owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._tokens = itertools.count()
+        self._hosts: dict[str, _Host] = {}
+        self._held: dict[Request, _Turn] = {}
         crawler.signals.connect(self._left_downloader, signal=signals.request_left_downloader)
         crawler.signals.connect(self._close, signal=signals.spider_closed)
 
@@ -113,90 +302,152 @@ class HostRateMiddleware:
     async def process_request(self, request: Request) -> None:
         downloader: Downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         # The slot the downloader will queue this request in (created if new).
-        key, slot = downloader._get_slot(request)
-        delay = self._delay(downloader, key)
-        if delay <= 0:
-            return
-        slot.delay = 0.0  # paced here; see the module docstring
-        slot.active.add(request)  # the scheduler's "host busy" test
+        host, slot = download_slot(downloader, request)
+        delay = self._delay(downloader, host)
+        set_slot_delay(slot, 0.0)  # paced here; see the module docstring
+        slot_active(slot).add(request)  # the scheduler's "host busy" test
         try:
-            await self._turn(key, slot, request)
-            hold = delay + self.margin
-            if key not in self._connected:
-                # This process's first request to the host opens a connection:
-                # it reaches the server later than its reserved time, so keep
-                # the next turn (anyone's) that much further away.
-                hold += FIRST_CONNECTION_MARGIN
-                self._connected.add(key)
-            wait = await self._reserve_send(key, hold)
-            self.stats.inc_value("vertical/hostrate/reserved")
-            if wait > 0:
-                self.stats.inc_value("vertical/hostrate/waited")
-                await sleep(wait)
+            await self._take_turn(request, host, delay, max(slot_concurrency(slot), 1))
         except BaseException:
-            # Not going to the downloader: it would have cleared both.
-            slot.active.discard(request)
-            self._done(key, request)
+            slot_active(slot).discard(request)  # not going to the downloader, which would clear it
             raise
 
-    # -- this process's turn at a host ----------------------------------------
+    # The download is over: the turn ends as soon as the downloader lets go of
+    # the request. The middleware hooks end the turns of requests that never
+    # reached it (answered or dropped by a later middleware, or failed).
 
-    async def _turn(self, key: str, slot: Slot, request: Request) -> None:
-        sending = self._sending[key]
-        while len(sending) >= max(slot.concurrency, 1):
-            waiter: Deferred[None] = Deferred()
-            self._waiting[key].append(waiter)
-            await maybe_deferred_to_future(waiter)
-        sending.add(request)
+    def process_response(self, request: Request, response: Response) -> Response:
+        self._end_turn(request)
+        return response
 
-    def _left_downloader(self, request: Request, **kwargs: object) -> None:
-        key = request.meta.get("download_slot")
-        if key is not None:
-            self._done(key, request)
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        self._end_turn(request)
 
-    def _done(self, key: str, request: Request) -> None:
-        sending = self._sending.get(key)
-        if sending is None or request not in sending:
+    def _left_downloader(self, request: Request, **kwargs: Any) -> None:
+        self._end_turn(request)
+
+    # -- a request's turn -------------------------------------------------------
+
+    def _token(self) -> str:
+        """A new turn's token. With the frontier owner id of this crawl
+        process in it, the turn ends as soon as the process is known dead
+        (not only when its lease runs out)."""
+        owner = getattr(self.crawler.engine.scheduler, "owner", None)  # type: ignore[union-attr]
+        if isinstance(owner, str):
+            return f"{owner}{TOKEN_SEP}{next(self._tokens)}"
+        return f"{self._owner}:{next(self._tokens)}"
+
+    async def _take_turn(self, request: Request, host: str, delay: float, concurrency: int) -> None:
+        # Only as many of this process's requests ask Redis as could hold a
+        # turn at once; the others wait here for one of them to end.
+        await self._enter(host, 1 if delay > 0 else concurrency)
+        try:
+            token = self._token()
+            lease = float(request.meta.get("download_timeout", self.download_timeout)) + LEASE_MARGIN
+            site = self._site()
+            waited = False
+            while True:
+                wait, expired = await self._retrying(
+                    host, lambda: self.turns.take(site, host, token, delay=delay,
+                                                  concurrency=concurrency, lease=lease))
+                if expired:
+                    self.stats.inc_value("vertical/hostrate/expired", expired)
+                if wait <= 0:
+                    break
+                waited = True
+                await sleep(wait)
+        except BaseException:
+            self._leave(host)
+            raise
+        self._held[request] = _Turn(host, token)
+        self.stats.inc_value("vertical/hostrate/granted")
+        if waited:
+            self.stats.inc_value("vertical/hostrate/waited")
+
+    def _end_turn(self, request: Request) -> None:
+        turn = self._held.pop(request, None)
+        if turn is None:
+            return  # not ours, or already ended
+        site = self._site()
+        try:
+            self.turns.end(site, turn.host, turn.token)
+        except _RETRY_ERRORS:
+            # Keep this process's next request to the host waiting until Redis
+            # has the end: it could not be granted a turn before anyway.
+            d = deferred_from_coro(self._end_later(site, turn))
+            d.addErrback(lambda f: logger.error("Ending a turn at %s failed", turn.host, exc_info=f.value))
             return
-        sending.discard(request)
-        waiting = self._waiting[key]
-        while waiting:
-            waiter = waiting.popleft()
-            if not waiter.called:
+        except redis.RedisError:
+            logger.exception("Could not end a turn at %s; it ends when its lease runs out", turn.host)
+        self._leave(turn.host)
+
+    async def _end_later(self, site: str, turn: _Turn) -> None:
+        try:
+            await self._retrying(turn.host, lambda: self.turns.end(site, turn.host, turn.token))
+        except _RETRY_ERRORS:
+            logger.warning("Could not end a turn at %s; it ends when its lease runs out", turn.host)
+        finally:
+            self._leave(turn.host)
+
+    # -- this process's requests to a host --------------------------------------
+
+    async def _enter(self, host: str, limit: int) -> None:
+        state = self._hosts.setdefault(host, _Host())
+        while state.taking >= limit:
+            waiter: Deferred[None] = Deferred()
+            state.waiting.append(waiter)
+            await maybe_deferred_to_future(waiter)
+        state.taking += 1
+
+    def _leave(self, host: str) -> None:
+        state = self._hosts[host]
+        state.taking -= 1
+        while state.waiting:
+            waiter = state.waiting.popleft()
+            if not waiter.called:  # a cancelled wait has been called already
                 waiter.callback(None)
                 break
-        if not sending and not waiting:
-            del self._sending[key], self._waiting[key]
+        if not state.taking and not state.waiting:
+            del self._hosts[host]
 
-    # -- Redis ----------------------------------------------------------------
+    # -- settings and Redis -----------------------------------------------------
 
-    def _delay(self, downloader: Downloader, key: str) -> float:
+    def _delay(self, downloader: Downloader, host: str) -> float:
         # The robots middleware keeps a host's Crawl-delay in the per-slot
         # settings; the slot's own delay is zeroed once paced here.
-        configured = downloader.per_slot_settings.get(key, {})
+        configured = slot_settings(downloader).get(host, {})
         return float(configured.get("delay", self.crawler.settings.getfloat("DOWNLOAD_DELAY")))
 
-    def _key(self, host: str) -> str:
+    def _site(self) -> str:
         spider = self.crawler.spider
-        site = getattr(getattr(spider, "site", None), "name", None) or spider.name  # type: ignore[union-attr]
-        return f"{self.redis.prefix}:{{{site}}}:host:{host}"
+        return getattr(getattr(spider, "site", None), "name", None) or spider.name  # type: ignore[union-attr]
 
-    async def _reserve_send(self, host: str, delay: float) -> float:
-        """Reserve the host's next send time; return how long to wait for it."""
-        key = self._key(host)
+    async def _retrying(self, host: str, call: Callable[[], T]) -> T:
+        """``call()``, retried with backoff while Redis is unreachable, for
+        the store's patience; then its error is raised."""
         backoff = RETRY_DELAYS[0]
         deadline = time.monotonic() + self.redis.patience
         while True:
             try:
-                return float(self._reserve(keys=[key], args=[repr(delay), TTL_MARGIN_MS]))
+                return call()
             except _RETRY_ERRORS as exc:
                 if time.monotonic() + backoff > deadline:
                     raise
                 self.stats.inc_value("vertical/hostrate/retries")
-                logger.warning("Redis %s unreachable for the rate of %s (%s); retrying in %.1fs",
+                logger.warning("Redis %s unreachable for the turns at %s (%s); retrying in %.1fs",
                                self.redis.uri, host, exc, backoff)
                 await sleep(backoff)
                 backoff = min(backoff * 2, RETRY_DELAYS[1])
 
-    def _close(self, **kwargs: object) -> None:
+    def _close(self, **kwargs: Any) -> None:
+        # Give back what is still held (a download cut short by the close has
+        # ended too), so that other processes need not wait for the leases;
+        # what Redis does not take now runs out with its lease.
+        site = self._site()
+        try:
+            for turn in self._held.values():
+                self.turns.end(site, turn.host, turn.token)
+        except redis.RedisError:
+            pass
+        self._held.clear()
         self.redis.close()

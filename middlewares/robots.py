@@ -16,13 +16,15 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
   ("unreachable") means the rules are unknown, so nothing of the host is
   fetched: the host is postponed for ``VERTICAL_ROBOTS_POSTPONE`` seconds
   (``scheduler.postpone_host``) and robots.txt is asked again after that;
-- a frontier URL that robots.txt disallows is recorded as ``forbidden``
-  (never selected again) and counted in ``vertical/robots/forbidden``.
+- a frontier URL that robots.txt disallows is recorded as ``forbidden``,
+  counted in ``vertical/robots/forbidden``, and parked until the host's
+  robots.txt is due again (``VERTICAL_ROBOTS_TTL``): then it is looked at
+  anew, so a rule that was lifted lets it be fetched.
 
-A request this middleware ignores with a frontier record has its record
-written back here (``scheduler.page_done``) and is ignored *without* the
-record in its meta, so that the spider's errback, which reschedules failed
-frontier fetches, leaves it alone. Requests without a frontier record get
+A request this middleware ignores with a frontier record is settled through
+the commit (``page_parked``) and ignored *without* the record in its meta,
+so that the spider's errback, which reschedules failed frontier fetches,
+leaves it alone. Requests without a frontier record get
 Scrapy's behaviour unchanged (apart from the expiry and the Crawl-delay).
 """
 
@@ -37,6 +39,9 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
+from vertical.commit import FrontierCommit
+from vertical.compat import (existing_slot, overrides, robots_parsers, robots_useragent, set_slot_delay,
+                             slot_settings)
 from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
 from vertical.scheduler import META_RECORD
@@ -53,6 +58,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# Scrapy would stop calling these if it renamed them: checked at import.
+@overrides(RobotsTxtMiddleware, "process_request_2", "_parse_robots", "_robots_error")
 class RobotsMiddleware(RobotsTxtMiddleware):
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
@@ -62,6 +69,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         self._expires: dict[str, float] = {}  # netloc -> monotonic time its robots.txt expires
         self._unreachable: dict[str, float] = {}  # netloc -> scheduler time the postponement ends
         self._slot_delays: dict[str, float] = {}  # slot key -> its delay before any Crawl-delay
+        self._refreshing: set[str] = set()  # netlocs whose robots.txt is being fetched again
 
     @property
     def _scheduler(self) -> Any:
@@ -72,10 +80,12 @@ class RobotsMiddleware(RobotsTxtMiddleware):
     async def robot_parser(self, request: Request) -> RobotParser | None:
         netloc = urlparse_cached(request).netloc
         expires = self._expires.get(netloc)
-        if expires is not None and expires <= time.monotonic() and not isinstance(self._parsers.get(netloc), Deferred):
+        parsers = robots_parsers(self)
+        if expires is not None and expires <= time.monotonic() and not isinstance(parsers.get(netloc), Deferred):
             # Scrapy keeps a parser for the whole crawl; ours are refetched.
-            del self._parsers[netloc], self._expires[netloc]
+            del parsers[netloc], self._expires[netloc]
             self._unreachable.pop(netloc, None)
+            self._refreshing.add(netloc)
         return await super().robot_parser(request)
 
     def process_request_2(self, rp: RobotParser | None, request: Request) -> None:
@@ -86,20 +96,18 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         until = self._unreachable.get(urlparse_cached(request).netloc)
         if until is not None:
             # Not fetched blind: back to the store, due when the host is.
-            record.next_fetch = until
-            self._settle(request, record)
-            self._stats.inc_value("vertical/robots/postponed")
+            self._park(request, record, record.state, until)
+            self.crawler.stats.inc_value("vertical/robots/postponed")
             raise IgnoreRequest("robots.txt unreachable: host postponed")
         try:
             super().process_request_2(rp, request)
         except IgnoreRequest:
-            record.state = FORBIDDEN
-            self._settle(request, record)
-            self._stats.inc_value("vertical/robots/forbidden")
+            self._park(request, record, FORBIDDEN, self._scheduler.now() + self.ttl)
+            self.crawler.stats.inc_value("vertical/robots/forbidden")
             raise
 
-    def _settle(self, request: Request, record: URLRecord) -> None:
-        self._scheduler.page_done(record)
+    def _park(self, request: Request, record: URLRecord, state: str, until: float) -> None:
+        self.crawler.get_extension(FrontierCommit).page_parked(record, state, until)
         del request.meta[META_RECORD]
 
     # -- robots.txt responses ---------------------------------------------------
@@ -115,9 +123,13 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         await super()._parse_robots(response, netloc, request)
         if netloc not in self._unreachable:
             self._expires[netloc] = time.monotonic() + self.ttl
-        rp = self._parsers[netloc]
+        rp = robots_parsers(self)[netloc]
         if rp is not None:
             self._apply_crawl_delay(rp, request)
+        if netloc in self._refreshing and netloc not in self._unreachable:
+            # New rules: the host's forbidden URLs are looked at again now.
+            self._refreshing.discard(netloc)
+            self._scheduler.wake(host_of(f"//{netloc}"), FORBIDDEN)
 
     def _robots_error(self, exc: Exception, netloc: str) -> None:
         super()._robots_error(exc, netloc)
@@ -134,20 +146,20 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         logger.warning("robots.txt of %s %s: host postponed for %gs", netloc, why, self.postpone)
 
     def _apply_crawl_delay(self, rp: RobotParser, request: Request) -> None:
-        useragent = self._robotstxt_useragent or request.headers.get(b"User-Agent", self._default_useragent)
-        crawl_delay = rp.crawl_delay(useragent)
+        crawl_delay = rp.crawl_delay(robots_useragent(self, request))
         downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         key = downloader.get_slot_key(request)
         if crawl_delay is None and key not in self._slot_delays:
             return
-        configured = downloader.per_slot_settings.get(key, {})
+        per_slot = slot_settings(downloader)
+        configured = per_slot.get(key, {})
         base = self._slot_delays.setdefault(
             key, configured.get("delay", self.crawler.settings.getfloat("DOWNLOAD_DELAY"))
         )
         site = getattr(self._scheduler, "site", None)
         cap = (site.politeness if site is not None else PolitenessConfig()).crawl_delay_max
         delay = max(base, min(crawl_delay or 0.0, cap))
-        downloader.per_slot_settings[key] = {**configured, "delay": delay}
-        if (slot := downloader.slots.get(key)) is not None:
-            slot.delay = delay
+        per_slot[key] = {**configured, "delay": delay}
+        if (slot := existing_slot(downloader, key)) is not None:
+            set_slot_delay(slot, delay)
 

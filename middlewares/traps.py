@@ -3,9 +3,10 @@
 :class:`TrapGuardMiddleware` runs :func:`vertical.traps.check_response` on the
 2xx responses of frontier requests. A page found to be a trap (``not_text``,
 ``oversized``, ``nul_bytes``, ``binary``) is counted in
-``vertical/trap/<reason>``, its record is written back as ``trap`` (never
-selected again, ``extra["trap"]`` says why) and the response is dropped with
-IgnoreRequest, so nothing is extracted or followed from it. Other statuses
+``vertical/trap/<reason>``, its record is parked as ``trap`` through the
+commit (``extra["trap"]`` says why; fetched again only after
+``VERTICAL_TRAP_RECHECK``, in case the answer was a one-off) and the response
+is dropped with IgnoreRequest, so nothing is extracted or followed from it. Other statuses
 (304, 404, 410, and errors) are left to the spider.
 
 The download itself is cut short, through Scrapy's ``StopDownload`` from the
@@ -28,6 +29,7 @@ from weakref import WeakKeyDictionary
 from scrapy import signals
 from scrapy.exceptions import IgnoreRequest, StopDownload
 
+from vertical.commit import FrontierCommit
 from vertical.record import TRAP
 from vertical.scheduler import META_RECORD
 from vertical.traps import check_response
@@ -44,6 +46,7 @@ class TrapGuardMiddleware:
         self.crawler = crawler
         self.stats = crawler.stats
         self.max_size: int = crawler.settings.getint("DOWNLOAD_MAXSIZE")
+        self.recheck: float = crawler.settings.getfloat("VERTICAL_TRAP_RECHECK")
         self._received: WeakKeyDictionary[Request, int] = WeakKeyDictionary()
         crawler.signals.connect(self._headers_received, signal=signals.headers_received)
         crawler.signals.connect(self._bytes_received, signal=signals.bytes_received)
@@ -60,9 +63,9 @@ class TrapGuardMiddleware:
         if reason is None:
             return response
         self.stats.inc_value(f"vertical/trap/{reason}")
-        record.state, record.extra["trap"] = TRAP, reason
         record.http_status = response.status
-        self.crawler.engine.scheduler.page_done(record)  # type: ignore[union-attr]
+        until = self.crawler.engine.scheduler.now() + self.recheck  # type: ignore[union-attr]
+        self.crawler.get_extension(FrontierCommit).page_parked(record, TRAP, until, reason)
         # Settled here: without its record the spider's errback leaves it alone.
         del request.meta[META_RECORD]
         raise IgnoreRequest(f"trap ({reason}): {response.url}")

@@ -15,7 +15,7 @@ URL records, by two opt-in extensions listening to
   410) is moved under ``archive/`` (seed 000's "archive" flag), never deleted.
 
 Each tells the URL record where the content is, in ``record.extra["content"]``
-(saved by the frontier pipeline right after the signal): the WARC writer sets
+(saved by the commit right after the signal): the WARC writer sets
 ``warc`` (file name in the WARC folder), ``offset`` (of the gzip member that
 holds the response record), ``id``, ``date``, ``digest`` and ``uri`` of the
 last full response stored (revisits leave them, since the content is there);
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from scrapy.http import Request, Response
     from typing_extensions import Self
 
-    from pipelines.frontier import PageOutcome
+    from vertical.commit import PageOutcome
     from vertical.record import URLRecord
 
 __all__ = ["IDENTICAL_FIELDS_PROFILE", "NOT_MODIFIED_PROFILE", "PAYLOAD_PROFILE", "PageMirror", "WarcWriter",

@@ -6,9 +6,12 @@
 The spider holds no crawl state: the scheduler hands it URL records from the
 frontier (``response.meta["vertical.record"]``), the spider extracts the
 page's document records and links, compares the records with those stored
-from the last fetch, and hands the outcome to the frontier pipeline, which
-adapts the refetch delay and commits the record once the page's items have
-reached the exporters.
+from the last fetch, and hands the outcome to the commit
+(:mod:`vertical.commit`), which adapts the refetch delay and writes the
+record back with the page's delivered items.
+
+``start()`` first emits again the items of a crawl that stopped before its
+feeds held them (the store's outbox), then the entry URLs.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
+from scrapy.exceptions import NotConfigured
 from scrapy.http import Response, TextResponse
+from scrapy.spidermiddlewares.referer import RefererMiddleware
 from twisted.python.failure import Failure
 
 from middlewares.dns import prefetch
-from pipelines.frontier import FrontierPipeline, PageOutcome
+from vertical import scrapy_settings
 from vertical.changes import diff_page
+from vertical.commit import FrontierCommit, PageOutcome
 from vertical.config import ConfigError, load_site
 from vertical.extract import Record, extract_links, extract_records, match_rule
 from vertical.items import DocumentItem
@@ -45,6 +51,8 @@ logger = logging.getLogger(__name__)
 GONE_STATUSES = (404, 410)
 META_COMPOSITE = "vertical.composite"
 META_STAGE_URL = "vertical.stage_url"
+META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
+META_ERRBACK = "vertical.errback"  # a start request's own errback
 
 
 @dataclass(slots=True, eq=False)
@@ -84,6 +92,14 @@ def apply_site_settings(site: SiteConfig, settings: Any) -> None:
         settings.set("USER_AGENT", pol.user_agent, priority="spider")
 
 
+def _referer_middleware(crawler: Crawler) -> RefererMiddleware | None:
+    """Scrapy's RefererMiddleware, for its policies (None when ``REFERER_ENABLED`` is off)."""
+    try:
+        return RefererMiddleware.from_crawler(crawler)
+    except NotConfigured:
+        return None
+
+
 class VerticalSpider(Spider):
     name = "vertical"
     # The frontier needs to see these: 304 is "unchanged", 404/410 "gone".
@@ -104,32 +120,62 @@ class VerticalSpider(Spider):
         self.pages = int(pages or 0)
         self.seconds = float(seconds or 0)
         self.site: SiteConfig
+        self._referer: RefererMiddleware | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
         spider = super().from_crawler(crawler, *args, **kwargs)
+        # Scrapy settings vertical cannot honour stop the run here too.
+        scrapy_settings.check(crawler.settings)
+        if store := scrapy_settings.apply_jobdir(crawler.settings):
+            logger.info("JOBDIR: the frontier of this crawl is %s", store)
+        spider._referer = _referer_middleware(crawler)
         # Validate before anything is scheduled: a bad config stops the run here.
         spider.site = load_site(spider.site_spec, crawler.settings.get("VERTICAL_SITES"))
         spider.allowed_domains = list(spider.site.allowed_domains)
         apply_site_settings(spider.site, crawler.settings)
+        crawler.signals.connect(spider._callback_failed, signal=signals.spider_error)
         return spider
 
     @property
-    def frontier_pipeline(self) -> FrontierPipeline:
-        pipeline = self.crawler.get_item_pipeline(FrontierPipeline)
-        if pipeline is None:
-            raise RuntimeError("pipelines.frontier.FrontierPipeline must be in ITEM_PIPELINES")
-        return pipeline
+    def commit(self) -> FrontierCommit:
+        commit = self.crawler.get_extension(FrontierCommit)
+        if commit is None:
+            raise RuntimeError("vertical.commit.FrontierCommit must be in EXTENSIONS")
+        return commit
 
     async def start(self) -> AsyncIterator[Any]:
+        for item in self.commit.reemit():
+            yield item
         for url in self.site.start_urls:
             yield Request(canonicalize(url, self.site.traps.strip_params),
                           meta={META_LEVEL: 0, META_SEED: True})
 
-    def request_for(self, record: URLRecord) -> Request:
-        """The request that fetches a frontier record (called by the scheduler)."""
-        return Request(record.url, callback=self.parse, errback=self.on_error,
-                       meta={META_RECORD: record}, dont_filter=True)
+    def request_for(self, record: URLRecord, template: Request | None = None) -> Request:
+        """The request that fetches a frontier record (called by the scheduler).
+
+        ``template`` is the request this URL came in as this run (a start
+        request): its meta, headers, ``cb_kwargs``, callback and errback are
+        kept, the record's URL and meta added. A callback other than
+        :meth:`parse` must hand the response to :meth:`parse` (``yield from
+        self.parse(response)``) for the page to be extracted and committed.
+        A URL found on a page is sent with that page as its ``Referer``, under
+        Scrapy's ``REFERRER_POLICY`` (and not at all with ``REFERER_ENABLED``
+        off), as Scrapy's RefererMiddleware would.
+        """
+        if template is None:
+            request = Request(record.url, callback=self.parse, errback=self.on_error,
+                              meta={META_RECORD: record}, dont_filter=True)
+        else:
+            # The errback stays ours (the page must be settled), and calls theirs.
+            meta = {**template.meta, META_RECORD: record, META_ERRBACK: template.errback}
+            request = template.replace(url=record.url, meta=meta, callback=template.callback or self.parse,
+                                       errback=self.on_error, dont_filter=True)
+        if (parent := record.extra.get("referer")) and self._referer is not None:
+            referrer = self._referer.policy(Response(parent), request).referrer(parent, request.url)
+            if referrer is not None:
+                request.headers.setdefault("Referer", referrer)
+        return request
 
     # -- callbacks ----------------------------------------------------------------
 
@@ -182,6 +228,7 @@ class VerticalSpider(Spider):
             page.failed = True
         else:
             page.checksums[response.meta[META_STAGE_URL]] = resource_checksum(response, page.rule.fetch)
+        response.meta[META_STAGE_DONE] = True
         yield from self._second_stage_done(page)
 
     def second_stage_failed(self, failure: Failure) -> Iterator[Any]:
@@ -189,12 +236,32 @@ class VerticalSpider(Spider):
         page.failed = True
         yield from self._second_stage_done(page)
 
-    def on_error(self, failure: Failure) -> None:
-        """Network errors and 5xx after Scrapy's retries: rescheduled, never gone."""
+    def on_error(self, failure: Failure) -> Any:
+        """Network errors and 5xx after Scrapy's retries: rescheduled, never
+        gone; then the start request's own errback, if it had one."""
         request = failure.request  # type: ignore[attr-defined]
         record: URLRecord | None = request.meta.get(META_RECORD)
         if record is not None:
-            self.frontier_pipeline.page_failed(record, failure)
+            self.commit.page_failed(record, failure)
+        if (errback := request.meta.get(META_ERRBACK)) is not None:
+            return errback(failure)
+        return None
+
+    def _callback_failed(self, failure: Failure, response: Response, **kwargs: Any) -> None:
+        """A callback raised (``spider_error``). The commit reschedules
+        frontier pages; a second stage that raised fails its document here."""
+        page = response.meta.get(META_COMPOSITE)
+        if not isinstance(page, CompositePage):
+            return
+        self.crawler.stats.inc_value("vertical/spider_error")
+        if not response.meta.get(META_STAGE_DONE):
+            # It raised before its answer counted: count it as failed.
+            response.meta[META_STAGE_DONE] = True
+            page.failed = True
+            list(self._second_stage_done(page))
+        elif self.crawler.engine.scheduler.holds(page.record):  # type: ignore[union-attr]
+            # It raised while the completed document was being processed.
+            self.commit.page_failed(page.record, failure, "spider_error")
 
     # -- helpers ------------------------------------------------------------------
 
@@ -241,7 +308,7 @@ class VerticalSpider(Spider):
         if page.failed:
             # Never emitted half-built: the page stays as it was, due again soon.
             self.crawler.stats.inc_value("vertical/composite/failed")
-            self.frontier_pipeline.page_failed(page.record, Failure(RuntimeError("second stage failed")))
+            self.commit.page_failed(page.record, Failure(RuntimeError("second stage failed")), "second_stage")
             return
         field = page.rule.fetch.field  # type: ignore[union-attr]
         records = [
@@ -276,5 +343,5 @@ class VerticalSpider(Spider):
     def _finish(self, record: URLRecord, outcome: PageOutcome, items: list[DocumentItem] | None = None
                 ) -> Iterator[DocumentItem]:
         items = items or []
-        self.frontier_pipeline.page_fetched(record, outcome, items)
+        self.commit.page_fetched(record, outcome, items)
         yield from items

@@ -61,6 +61,7 @@ SEED = 13  # of their moments
 FREEZE = 10.0  # seconds Redis is stopped
 SKEW = 2 * 86400  # the clock offset of one process among three
 AGENTS = ("crawler-a", "crawler-b", "crawler-c")
+AFTER_BACKOFF = {"VERTICAL_TIME_OFFSET": 2 * 3600}  # a failed page is due again after refetch.min (1 h)
 SHARED_CRAWL = 4.0  # seconds a crawl by several processes takes at the host's shared rate
 
 needs_redis = pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server is not installed")
@@ -699,7 +700,9 @@ def test_callback_that_raises_on_some_pages(corpus: Corpus, reference: Reference
         "SPIDER_MIDDLEWARES": with_components("SPIDER_MIDDLEWARES", {"tests.faulty.RaiseInCallback": 543}),
         "FAULTS_RAISE_FILE": tmp_path / "raise.json", "FAULTS_RAISE_AFTER": 1,
     }).wait(patience)
-    fixed = launch(corpus, site, store, tmp_path, "fixed").wait(patience)
+    # Later than the failure backoff (the site's refetch.min for a first
+    # failure), earlier than the other pages' refetch delay.
+    fixed = launch(corpus, site, store, tmp_path, "fixed", AFTER_BACKOFF).wait(patience)
     runs = [faulty, fixed]
     swept = sweep(corpus, site, store, tmp_path, patience) if faulty.stopped or fixed.stopped else None
     first, second = fetches(faulty.hits()), fetches(fixed.hits())
@@ -746,7 +749,9 @@ def test_pipelines_that_fail_or_drop_items(corpus: Corpus, reference: Reference,
                                                              "tests.faulty.DroppingPipeline": 310}),
         "FAULTS_FAIL_FILE": tmp_path / "fail.json", "FAULTS_DROP_FILE": tmp_path / "drop.json",
     }).wait(patience)
-    fixed = launch(corpus, site, store, tmp_path, "fixed").wait(patience)
+    # Later than the failure backoff (the site's refetch.min for a first
+    # failure), earlier than the other pages' refetch delay.
+    fixed = launch(corpus, site, store, tmp_path, "fixed", AFTER_BACKOFF).wait(patience)
     runs = [faulty, fixed]
     swept = sweep(corpus, site, store, tmp_path, patience) if faulty.stopped or fixed.stopped else None
     first, second = fetches(faulty.hits()), fetches(fixed.hits())

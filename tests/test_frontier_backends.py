@@ -1,4 +1,10 @@
-"""The behaviour every frontier backend shares (SQLite and Redis, see conftest)."""
+"""The behaviour every frontier backend shares (SQLite and Redis, see conftest).
+
+Two clocks: ``NOW`` is the due clock the tests pass as ``now`` (years before
+the real time, as a replay with an offset would be); leases live on the
+store's clock, ``frontier.clock()``, which the tests read around each step
+and wait on when a lease must run out.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import dataclasses
 import logging
 import multiprocessing
 import threading
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -39,8 +47,30 @@ def fps(records) -> set[int]:
     return {r.fingerprint for r in records}
 
 
-def claim(frontier: Frontier, owner: str = "a", limit: int = 100, now: float = NOW, **kwargs):
-    return frontier.claim_due(SITE, owner, now, 600.0, limit, **kwargs)
+def claim(frontier: Frontier, owner: str = "a", limit: int = 100, now: float = NOW, lease: float = 600.0,
+          **kwargs):
+    return frontier.claim_due(SITE, owner, now, lease, limit, **kwargs)
+
+
+def timed(frontier: Frontier, action: Callable[[], object]) -> tuple[object, float, float]:
+    """``action()`` between two readings of the store's clock."""
+    before = frontier.clock()
+    result = action()
+    return result, before, frontier.clock()
+
+
+def assert_lease(record: URLRecord, owner: str, lease: float, before: float, after: float) -> None:
+    """``record`` is claimed by ``owner`` for ``lease`` seconds from a moment
+    of the store's clock between ``before`` and ``after``."""
+    assert record.claim_owner == owner
+    assert before + lease <= record.claim_until <= after + lease
+
+
+def run_out(frontier: Frontier, until: float) -> None:
+    """Wait until the store's clock has passed ``until`` (a lease or a
+    heartbeat has run out)."""
+    while frontier.clock() <= until:
+        time.sleep(0.02)
 
 
 # -- add, known, get_many -------------------------------------------------------
@@ -65,11 +95,11 @@ def test_add_duplicates_within_one_batch_insert_the_first(frontier):
 
 def test_add_can_claim_what_it_inserts(frontier):
     frontier.add([rec(1)])
-    inserted = frontier.add([rec(1), rec(2)], claim_owner="a", claim_until=NOW + 600)
+    inserted, before, after = timed(frontier, lambda: frontier.add([rec(1), rec(2)], claim_owner="a", lease=600))
     assert fps(inserted) == {rec(2).fingerprint}
-    assert (inserted[0].claim_owner, inserted[0].claim_until) == ("a", NOW + 600)
+    assert_lease(inserted[0], "a", 600, before, after)
     stored = frontier.get_many(SITE, [rec(1).fingerprint, rec(2).fingerprint])
-    assert stored[rec(2).fingerprint].claim_owner == "a"
+    assert stored[rec(2).fingerprint].claim_until == inserted[0].claim_until
     assert stored[rec(1).fingerprint].claim_owner is None  # known: not claimed
     assert fps(claim(frontier, "b")) == {rec(1).fingerprint}
 
@@ -137,8 +167,10 @@ def test_extreme_fingerprints(frontier, fingerprint):
 def test_claimed_records_are_whole(frontier):
     original = full_record(1, next_fetch=NOW - 1)
     frontier.save([dataclasses.replace(original)])
-    (got,) = claim(frontier)
-    assert got == dataclasses.replace(original, claim_owner="a", claim_until=NOW + 600)
+    (got,), before, after = timed(frontier, lambda: claim(frontier))
+    assert got == dataclasses.replace(original, claim_owner="a", claim_until=got.claim_until)
+    assert_lease(got, "a", 600, before, after)
+    assert frontier.get(SITE, got.fingerprint) == got
 
 
 # -- save, save_priorities -----------------------------------------------------------
@@ -166,17 +198,343 @@ def test_save_without_release_keeps_the_records_claims(frontier):
     assert claim(frontier, "b") == []
 
 
-def test_save_priorities_writes_only_priority_and_extra(frontier):
-    frontier.add([rec(1), rec(2), rec(3, priority=5.0)])
+def test_save_priorities_writes_only_priority_and_the_named_extra_keys(frontier):
+    counts = {"counts": [1, 0, 2.5, 1e-9], "note": "電影"}
+    frontier.add([rec(1, extra=counts), rec(2), rec(3, priority=5.0)])
     (claimed,) = claim(frontier, limit=1)  # rec(3), the highest
-    stale = dataclasses.replace(rec(1), level=7, checksum=99, priority=9.0, extra={"cash": 0.25})
+    # A stale copy: its counts are old, only its priority and cash are news.
+    stale = dataclasses.replace(rec(1), level=7, checksum=99, priority=9.0, extra={"cash": 0.25, "counts": []})
     ghost = dataclasses.replace(rec(50), priority=1.0)
     frontier.save_priorities(SITE, [stale, ghost])
     stored = frontier.get(SITE, rec(1).fingerprint)
-    assert (stored.priority, stored.extra, stored.level, stored.checksum) == (9.0, {"cash": 0.25}, 0, 0)
+    assert (stored.priority, stored.extra, stored.level, stored.checksum) == (9.0, counts, 0, 0)
+    frontier.save_priorities(SITE, [dataclasses.replace(stale, priority=8.0)], extra_keys=["cash", "note"])
+    stored = frontier.get(SITE, rec(1).fingerprint)
+    # cash written, counts kept as stored, note deleted (absent from the copy).
+    assert (stored.priority, stored.extra) == (8.0, {"counts": counts["counts"], "cash": 0.25})
     assert frontier.get(SITE, ghost.fingerprint) is None  # not created
     assert frontier.get(SITE, claimed.fingerprint).claim_owner == "a"  # claims untouched
     assert [r.fingerprint for r in claim(frontier, "b")] == [rec(1).fingerprint, rec(2).fingerprint]
+
+
+def test_save_priorities_merges_over_a_concurrent_writer(redis_url, monkeypatch):
+    """Redis merges by compare-and-set: another process writing extra between
+    the read and the write makes the merge start over, losing neither key."""
+    with open_frontier(redis_url) as store, open_frontier(redis_url) as other:
+        store.add([rec(1, extra={"a": 1})])
+        script = store._save_priorities
+        interfered = []
+
+        def interfering(*args, **kwargs):
+            if not interfered:
+                interfered.append(True)
+                other.save_priorities(SITE, [rec(1, priority=3.0, extra={"b": 2})], extra_keys=["b"])
+            return script(*args, **kwargs)
+
+        monkeypatch.setattr(store, "_save_priorities", interfering)
+        store.save_priorities(SITE, [rec(1, priority=4.0, extra={"c": 3})], extra_keys=["c"])
+        stored = store.get(SITE, rec(1).fingerprint)
+        assert interfered and (stored.priority, stored.extra) == (4.0, {"a": 1, "b": 2, "c": 3})
+
+
+# -- fenced saves ------------------------------------------------------------------------
+
+
+def test_a_save_is_fenced_by_the_claim(frontier):
+    """A claims, A's lease runs out, B claims: A's late save is rejected,
+    B's goes through, and the stored record is B's."""
+    frontier.add([rec(1)])
+    (a_copy,) = claim(frontier, "a", lease=0.05)
+    run_out(frontier, a_copy.claim_until)
+    (b_copy,) = claim(frontier, "b")
+    assert b_copy.fingerprint == a_copy.fingerprint
+    a_copy.state, a_copy.visits, a_copy.checksum = FETCHED, 1, 111
+    b_copy.state, b_copy.visits, b_copy.checksum = FETCHED, 1, 222
+    assert frontier.save([a_copy], owner="a") == [a_copy]
+    assert frontier.save([b_copy], owner="b") == []
+    stored = frontier.get(SITE, b_copy.fingerprint)
+    assert (stored.checksum, stored.claim_owner) == (222, None)
+    # Released: a second save of B's is rejected too (nobody holds it).
+    assert frontier.save([dataclasses.replace(b_copy, checksum=333)], owner="b") != []
+    assert frontier.get(SITE, b_copy.fingerprint).checksum == 222
+
+
+def test_a_fenced_save_holds_while_nobody_took_the_run_out_lease(frontier):
+    frontier.add([rec(1)])
+    (mine,) = claim(frontier, "a", lease=0.05)
+    run_out(frontier, mine.claim_until)
+    mine.checksum = 7
+    assert frontier.save([mine], owner="a") == []
+    assert frontier.get(SITE, mine.fingerprint).checksum == 7
+
+
+def test_a_fenced_save_without_release_keeps_the_stored_claim(frontier):
+    frontier.add([rec(1), rec(2)])
+    got = sorted(claim(frontier, "a", lease=0.05), key=lambda r: r.fingerprint)
+    frontier.renew(SITE, "a", fps(got), 600)
+    renewed = frontier.get(SITE, got[0].fingerprint).claim_until
+    got[0].checksum = 9
+    assert frontier.save([got[0]], owner="a", release=False) == []
+    stored = frontier.get(SITE, got[0].fingerprint)
+    assert (stored.checksum, stored.claim_owner, stored.claim_until) == (9, "a", renewed)
+    # Mixed batch: the records of a claim another owner took are the ones rejected.
+    stranger = dataclasses.replace(rec(9), checksum=5)
+    frontier.save([stranger])  # unclaimed
+    assert frontier.save([got[1], stranger], owner="a") == [stranger]
+    assert frontier.get(SITE, stranger.fingerprint).checksum == 5
+
+
+def test_an_unfenced_save_stores_claims_as_given(frontier):
+    frontier.add([rec(1)])
+    claim(frontier, "a")
+    copy = dataclasses.replace(rec(1), claim_owner="x", claim_until=123.5, checksum=4)
+    assert frontier.save([copy], release=False) == []
+    assert frontier.get(SITE, copy.fingerprint) == copy
+
+
+# -- the outbox ------------------------------------------------------------------------
+
+
+def test_outbox_rows_go_with_the_accepted_records_only(frontier):
+    frontier.add([rec(1), rec(2)])
+    frontier.heartbeat(SITE, "a", 600, {})
+    mine = claim(frontier, "a")
+    taken = dataclasses.replace(mine[1])
+    frontier.release(SITE, "a", [taken.fingerprint])
+    claim(frontier, "b")  # b holds it now
+    rows = {mine[0].fingerprint: [(1, '{"url": "u1"}'), (2, "ü2")], taken.fingerprint: [(3, "lost")]}
+    mine[0].next_fetch = NOW + DAY  # fetched: due again tomorrow
+    assert frontier.save(mine, owner="a", outbox=rows) == [mine[1]]
+    assert frontier.outbox_count(SITE) == 2
+    assert frontier.save([], owner="a") == []  # nothing to do
+    # Delivered rows go in the step that saves the next records.
+    frontier.add([rec(3)])
+    (next_one,) = claim(frontier, "a")
+    assert frontier.save([next_one], owner="a", outbox={next_one.fingerprint: [(4, "p4")]}, outbox_done=[1]) == []
+    frontier.outbox_drop(SITE, "a", [2, 99])
+    assert frontier.outbox_count(SITE) == 1
+    frontier.forget_owner(SITE, "a")
+    assert frontier.outbox_take(SITE, "t", 10) == [(10, "p4")]
+    assert frontier.outbox_count("other") == 0
+
+
+def test_outbox_requests_save_cannot_honour_are_refused(frontier):
+    frontier.add([rec(1), rec(2, site="b")])
+    with pytest.raises(ValueError, match="owner"):
+        frontier.save([rec(1)], outbox={rec(1).fingerprint: [(1, "x")]})
+    with pytest.raises(ValueError, match="one site"):
+        frontier.save([rec(1), rec(2, site="b")], owner="a", outbox_done=[1])
+    with pytest.raises(ValueError, match="not saved"):
+        frontier.save([rec(1)], owner="a", outbox={rec(5).fingerprint: [(1, "x")]})
+    assert frontier.outbox_count(SITE) == 0
+
+
+def test_outbox_take_moves_rows_of_owners_without_a_live_heartbeat(frontier):
+    for n, owner in enumerate(["live", "gone", "never"]):
+        frontier.add([rec(n)])
+        frontier.heartbeat(SITE, owner, 600 if owner == "live" else 0.05, {"pid": n})
+        (mine,) = claim(frontier, owner)
+        mine.next_fetch = NOW + DAY
+        rows = [(i, f"{owner}-{i}") for i in (3, 1, 2)]
+        assert frontier.save([mine], owner=owner, outbox={mine.fingerprint: rows}) == []
+    frontier.forget_owner(SITE, "never")  # as if it never registered
+    run_out(frontier, next(o.until for o in frontier.owners(SITE) if o.owner == "gone"))
+    for owner in ("taker", "other"):
+        frontier.heartbeat(SITE, owner, 600, {})  # alive: what they take is theirs
+    taken = frontier.outbox_take(SITE, "taker", 100)
+    assert taken == [(100, "gone-1"), (101, "gone-2"), (102, "gone-3"),
+                     (103, "never-1"), (104, "never-2"), (105, "never-3")]
+    assert frontier.outbox_take(SITE, "other", 1) == []  # nothing twice
+    assert frontier.outbox_count(SITE) == 9  # live's 3 stay; the taker holds 6
+    frontier.outbox_drop(SITE, "taker", range(100, 106))
+    assert frontier.outbox_count(SITE) == 3
+
+
+def test_outbox_take_refuses_to_overwrite_the_takers_rows(frontier):
+    frontier.add([rec(1), rec(2)])
+    for owner in ("a", "b"):
+        frontier.heartbeat(SITE, owner, 600, {})
+        (mine,) = claim(frontier, owner, limit=1)
+        mine.next_fetch = NOW + DAY
+        frontier.save([mine], owner=owner, outbox={mine.fingerprint: [(5, owner)]})
+    frontier.forget_owner(SITE, "a")
+    with pytest.raises(ValueError):
+        frontier.outbox_take(SITE, "b", 5)  # b's row 5 is undelivered
+    assert frontier.outbox_take(SITE, "b", 6) == [(6, "a")]
+
+
+def _take_outbox(uri: str, owner: str, start, out) -> None:
+    with open_frontier(uri) as store:
+        store.heartbeat(SITE, owner, 600, {})  # or the other would take its rows next
+        start.wait()
+        out.put([payload for _, payload in store.outbox_take(SITE, owner, 1)])
+
+
+def test_two_processes_never_take_the_same_outbox_row(frontier):
+    frontier.add([rec(i) for i in range(40)])
+    for i in range(4):  # four dead owners' undelivered items
+        owner = f"dead{i}"
+        got = claim(frontier, owner, limit=10)
+        frontier.save(got, owner=owner, outbox={r.fingerprint: [(r.fingerprint, f"{owner}/{r.fingerprint}")]
+                                                 for r in got})
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_take_outbox, args=(frontier.uri, f"p{i}", start, out)) for i in range(2)]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join()
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    _check_disjoint(results, 40)
+
+
+def _lose_first_reply(monkeypatch, store: RedisFrontier, name: str) -> list[bool]:
+    """Make the script ``name`` of ``store`` run, then fail as if its reply
+    had been lost on the way back (once)."""
+    script, lost = getattr(store, name), []
+
+    def run(*args, **kwargs):
+        result = script(*args, **kwargs)
+        if not lost:
+            lost.append(True)
+            raise redis.ConnectionError("reply lost")
+        return result
+
+    monkeypatch.setattr(store, name, run)
+    return lost
+
+
+def test_redis_retries_after_a_lost_reply_keep_their_promises(redis_url, monkeypatch):
+    with open_frontier(redis_url) as store:
+        # add with a claim: the retry finds its own insert and reports it.
+        lost = _lose_first_reply(monkeypatch, store, "_add")
+        inserted = store.add([rec(1), rec(2)], claim_owner="a", lease=600)
+        assert lost and fps(inserted) == {rec(1).fingerprint, rec(2).fingerprint}
+        assert {r.claim_owner for r in inserted} == {"a"}
+        # A fenced save that released: the retry finds its own write, unclaimed.
+        lost = _lose_first_reply(monkeypatch, store, "_save")
+        inserted[0].checksum = 5
+        assert store.save([inserted[0]], owner="a", outbox={inserted[0].fingerprint: [(1, "p1")]}) == []
+        assert lost and store.get(SITE, inserted[0].fingerprint).checksum == 5
+        store.save([inserted[1]], owner="a", outbox={inserted[1].fingerprint: [(2, "p2")]})
+        # outbox_take: the retry returns the rows the lost call had moved.
+        lost = _lose_first_reply(monkeypatch, store, "_outbox_take")
+        assert store.outbox_take(SITE, "t", 10) == [(10, "p1"), (11, "p2")]
+        assert lost and store.outbox_count(SITE) == 2
+
+
+# -- crawl processes ------------------------------------------------------------------------
+
+
+def test_heartbeats_register_owners(frontier):
+    assert frontier.owners(SITE) == []
+    _, before, after = timed(frontier, lambda: frontier.heartbeat(SITE, "a", 600, {"pid": 1, "host": "x"}))
+    frontier.heartbeat(SITE, "b", 0.05, {})
+    frontier.heartbeat("other", "c", 600, {})
+    (a, b) = frontier.owners(SITE)
+    assert (a.owner, a.info, a.alive) == ("a", {"pid": 1, "host": "x"}, True)
+    assert before + 600 <= a.until <= after + 600
+    run_out(frontier, b.until)
+    assert [(o.owner, o.alive) for o in frontier.owners(SITE)] == [("a", True), ("b", False)]
+    frontier.forget_owner(SITE, "a")
+    assert [o.owner for o in frontier.owners(SITE)] == ["b"]
+
+
+def test_reap_releases_the_claims_of_owners_whose_heartbeat_ran_out(frontier):
+    frontier.add([rec(i) for i in range(9)])
+    for owner in ("live", "dead", "silent"):  # silent never registers
+        if owner != "silent":
+            frontier.heartbeat(SITE, owner, 600 if owner == "live" else 0.05, {})
+        claim(frontier, owner, limit=3)
+    frontier.add([rec(20)])
+    (fetched_page,) = claim(frontier, "dead")
+    fetched_page.next_fetch = NOW + DAY
+    frontier.save([fetched_page], owner="dead", outbox={rec(20).fingerprint: [(1, "item")]})
+    run_out(frontier, next(o.until for o in frontier.owners(SITE) if o.owner == "dead"))
+    held = {o: {r.fingerprint for r in frontier.iter_records(SITE) if r.claim_owner == o}
+            for o in ("live", "dead", "silent")}
+    assert frontier.reap(SITE) == ["dead"]
+    assert [o.owner for o in frontier.owners(SITE)] == ["live"]
+    # Claimable at once by another owner; the live and the silent keep theirs.
+    assert fps(claim(frontier, "next")) == held["dead"]
+    assert {r.claim_owner for r in frontier.get_many(SITE, held["live"] | held["silent"]).values()} \
+        == {"live", "silent"}
+    assert frontier.outbox_count(SITE) == 1  # stays, for outbox_take
+    assert frontier.reap(SITE) == []
+    # The caller found these processes gone: reaped whatever their heartbeat says.
+    assert frontier.reap(SITE, dead=["live", "silent", "nobody"]) == ["live", "silent"]
+    assert frontier.owners(SITE) == []
+    assert fps(claim(frontier, "next")) == held["live"] | held["silent"]
+
+
+# -- parked records ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [3, 1000])
+def test_wake_brings_a_hosts_parked_records_forward(frontier, monkeypatch, step):
+    monkeypatch.setattr("vertical.frontier.redis.CHUNK", step)  # Redis wakes a host in steps
+    parked = NOW + 30 * DAY
+    frontier.add([rec(i, host="a.example", state=FORBIDDEN, next_fetch=parked) for i in range(10)]
+                 + [rec(i, host="a.example.org", state=FORBIDDEN, next_fetch=parked) for i in range(10, 13)]
+                 + [rec(i, host="a.example", state=TRAP, next_fetch=parked) for i in range(13, 15)]
+                 + [rec(15, host="a.example", state=FORBIDDEN, next_fetch=NOW - 5)])  # due already
+    # Saved out of the parked state: no longer woken.
+    frontier.save([rec(0, host="a.example", state=FETCHED, visits=1, next_fetch=parked)])
+    assert frontier.wake(SITE, "a.example", FORBIDDEN, NOW) == 9
+    got = claim(frontier)
+    assert fps(got) == {rec(i).fingerprint for i in range(1, 10)} | {rec(15).fingerprint}
+    assert {r.next_fetch for r in got} == {NOW, NOW - 5}
+    # Parked again by the scheduler, then woken again; traps apart.
+    frontier.save([dataclasses.replace(r, next_fetch=parked) for r in got], owner="a")
+    assert frontier.wake(SITE, "a.example", FORBIDDEN, NOW + 1) == 10
+    assert frontier.wake(SITE, "a.example", TRAP, NOW) == 2
+    assert frontier.wake(SITE, "nowhere.example", TRAP, NOW) == 0
+    with pytest.raises(ValueError):
+        frontier.wake(SITE, "a.example", FETCHED, NOW)
+
+
+# -- fingerprint collisions ------------------------------------------------------------------
+
+
+def test_add_counts_and_reports_fingerprint_collisions(frontier, caplog):
+    first = rec(1)
+    other = dataclasses.replace(rec(2), fingerprint=first.fingerprint)  # another URL, same fingerprint
+    frontier.add([first])
+    assert frontier.add([first]) == [] and frontier.collisions == 0  # found again: no collision
+    with caplog.at_level(logging.WARNING):
+        assert frontier.add([other]) == []
+        assert frontier.add([rec(3), dataclasses.replace(rec(4), fingerprint=rec(3).fingerprint)]) == [rec(3)]
+    assert frontier.collisions == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and first.url in warnings[0] and other.url in warnings[0]
+    assert frontier.urls(SITE, [first.fingerprint, rec(3).fingerprint, rec(99).fingerprint]) == {
+        first.fingerprint: first.url, rec(3).fingerprint: rec(3).url}
+    assert frontier.urls(SITE, []) == {}
+
+
+# -- shared meta -------------------------------------------------------------------------------
+
+
+def test_update_meta_loses_no_concurrent_update(frontier):
+    assert frontier.update_meta(SITE, "n", lambda v: (v or 0) + 1) == 1
+    start = threading.Barrier(4)
+
+    def bump() -> None:
+        with open_frontier(frontier.uri) as store:
+            start.wait()
+            for _ in range(50):
+                store.update_meta(SITE, "n", lambda v: v + 1)
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert frontier.get_meta(SITE, "n") == 201
+    with pytest.raises(ZeroDivisionError):  # a failing function writes nothing
+        frontier.update_meta(SITE, "n", lambda v: v / 0)
+    assert frontier.get_meta(SITE, "n") == 201
 
 
 # -- claim_due -------------------------------------------------------------------------
@@ -188,7 +546,7 @@ def test_claim_takes_highest_priority_first(frontier):
     assert [r.priority for r in got] == sorted((r.priority for r in got), reverse=True)
     assert min(r.priority for r in got) > max(
         r.priority for r in frontier.iter_records(SITE) if r.claim_owner is None)
-    assert all((r.claim_owner, r.claim_until) == ("a", NOW + 600) for r in got)
+    assert {r.claim_owner for r in got} == {"a"}
 
 
 @pytest.mark.parametrize("scan_step", [3, 2000])
@@ -197,7 +555,7 @@ def test_claim_with_many_due_walks_priorities(frontier, monkeypatch, scan_step):
     monkeypatch.setattr("vertical.frontier.redis.SCAN_STEP", scan_step)
     records = [rec(i, priority=float(i)) for i in range(100)]
     records += [rec(i, priority=1000.0 + i, next_fetch=NOW + 1) for i in range(100, 110)]  # not due
-    records += [rec(i, priority=500.0 + i, state=TRAP) for i in range(110, 115)]  # terminal
+    records += [rec(i, priority=500.0 + i, state=TRAP, next_fetch=NOW + DAY) for i in range(110, 115)]  # parked
     frontier.add(records)
     frontier.claim_due(SITE, "x", NOW, 600, 1)  # the top due record, held by another owner
     got = claim(frontier, limit=3)
@@ -212,22 +570,39 @@ def test_claim_skips_what_is_not_due(frontier):
     assert fps(claim(frontier, "b", now=NOW + 1)) == {rec(2).fingerprint}
 
 
-def test_claim_skips_terminal_states(frontier):
+def test_every_state_is_claimable_once_due(frontier):
+    # No state is terminal: parked records (forbidden, trap) come back when
+    # due, so that they never sit in the due index for ever.
     states = [NEW, FETCHED, GONE, DUPLICATE, FORBIDDEN, TRAP]
     frontier.add([rec(i, state=s, visits=int(s != NEW)) for i, s in enumerate(states)])
-    assert {r.state for r in claim(frontier)} == {NEW, FETCHED, GONE, DUPLICATE}
+    frontier.add([rec(10 + i, state=s, next_fetch=NOW + DAY) for i, s in enumerate((FORBIDDEN, TRAP))])  # parked
+    assert sorted(r.state for r in claim(frontier)) == sorted(states)
+    assert {r.state for r in claim(frontier, "b", now=NOW + DAY)} == {FORBIDDEN, TRAP}
 
 
-def test_claim_respects_live_leases_and_takes_expired_ones(frontier):
-    frontier.add([rec(i) for i in range(4)])
-    first = frontier.claim_due(SITE, "a", NOW, 100.0, 2)
-    assert len(first) == 2
-    second = frontier.claim_due(SITE, "b", NOW + 100.0, 100.0, 10)  # a's lease ends at NOW+100: live
-    assert fps(second).isdisjoint(fps(first)) and len(second) == 2
-    third = frontier.claim_due(SITE, "c", NOW + 100.5, 100.0, 10)
-    assert fps(third) == fps(first)
-    assert {r.claim_owner for r in frontier.get_many(SITE, fps(first)).values()} == {"c"}
-    assert claim(frontier, "a", now=NOW + 100.5) == []
+def test_claim_respects_live_leases_and_takes_run_out_ones(frontier):
+    frontier.add([rec(i) for i in range(6)])
+    live = frontier.claim_due(SITE, "a", NOW, 600.0, 2)
+    short = frontier.claim_due(SITE, "b", NOW, 0.05, 2)
+    assert len(live) == len(short) == 2 and fps(live).isdisjoint(fps(short))
+    run_out(frontier, max(r.claim_until for r in short))
+    third = frontier.claim_due(SITE, "c", NOW, 600.0, 10)
+    assert fps(third) == {rec(i).fingerprint for i in range(6)} - fps(live)  # the run-out ones and the free
+    assert {r.claim_owner for r in frontier.get_many(SITE, fps(short)).values()} == {"c"}
+    assert claim(frontier, "a") == []
+
+
+def test_a_lease_is_judged_on_the_store_clock_not_the_due_clock(frontier):
+    """A process replaying two days ahead (VERTICAL_TIME_OFFSET) sees the
+    records due, but another owner's live lease still live."""
+    frontier.add([rec(1), rec(2, next_fetch=NOW + DAY)])
+    (held,), before, _ = timed(frontier, lambda: claim(frontier, "a", limit=1))
+    ahead = NOW + 2 * DAY
+    assert fps(claim(frontier, "b", now=ahead)) == {rec(2).fingerprint}
+    (due, _, after) = timed(frontier, lambda: frontier.next_due(SITE, ahead))
+    # rec(1) becomes claimable when a's lease ends: what is left of it, from `ahead`.
+    assert ahead + 600 - (after - before) <= due <= ahead + 600
+    assert claim(frontier, "c", now=ahead + 599) == []  # the due clock moves nothing
 
 
 def test_claim_excludes_hosts(frontier):
@@ -265,15 +640,17 @@ def lane_records() -> dict[str, URLRecord]:
         "deep fetched 2h ago": fetched(7, ago=2 * HOUR, level=3),
         "deep stale, not due": fetched(8, ago=20 * DAY, level=4, due_in=30 * DAY),
         "hub stale, not due": fetched(9, ago=20 * DAY, level=0, due_in=30 * DAY),
-        "deep stale, trap": fetched(10, ago=20 * DAY, level=4, state=TRAP),
+        "deep stale trap, due": fetched(10, ago=20 * DAY, level=4, state=TRAP),
+        # Parked: stale, but it comes back when due, not because it is old.
+        "deep stale trap, parked": fetched(11, ago=20 * DAY, level=4, state=TRAP, due_in=30 * DAY),
     }
 
 
 @pytest.mark.parametrize(("lane", "expected"), [
     ("all", {"new deep", "hub fetched 2h ago", "hub fetched 10m ago", "deep fetched 2d ago",
-             "deep fetched 2h ago"}),
+             "deep fetched 2h ago", "deep stale trap, due"}),
     ("fast", {"new deep", "hub fetched 2h ago"}),
-    ("slow", {"deep fetched 2d ago", "deep stale, not due", "hub stale, not due"}),
+    ("slow", {"deep fetched 2d ago", "deep stale, not due", "hub stale, not due", "deep stale trap, due"}),
 ])
 def test_claim_by_lane(frontier, lane, expected):
     records = lane_records()
@@ -298,14 +675,17 @@ def test_lane_level_bounds(frontier):
 
 def test_renew_extends_only_the_owners_leases(frontier):
     frontier.add([rec(i) for i in range(4)])
-    mine = frontier.claim_due(SITE, "a", NOW, 100.0, 2)
-    theirs = frontier.claim_due(SITE, "b", NOW, 100.0, 2)
-    frontier.renew(SITE, "a", [r.fingerprint for r in mine + theirs], NOW + 500)
+    mine = frontier.claim_due(SITE, "a", NOW, 600.0, 2)
+    theirs = frontier.claim_due(SITE, "b", NOW, 0.05, 2)
+    _, before, after = timed(frontier, lambda: frontier.renew(
+        SITE, "a", [r.fingerprint for r in mine + theirs], 500))
     stored = frontier.get_many(SITE, fps(mine + theirs))
-    assert {stored[fp].claim_until for fp in fps(mine)} == {NOW + 500}
-    assert {stored[fp].claim_until for fp in fps(theirs)} == {NOW + 100}
-    assert fps(claim(frontier, "c", now=NOW + 200)) == fps(theirs)
-    frontier.renew(SITE, "a", [], NOW)  # nothing to do
+    for fp in fps(mine):
+        assert_lease(stored[fp], "a", 500, before, after)
+    assert {stored[fp].claim_until for fp in fps(theirs)} == {theirs[0].claim_until}
+    run_out(frontier, theirs[0].claim_until)
+    assert fps(claim(frontier, "c")) == fps(theirs)
+    frontier.renew(SITE, "a", [], 10)  # nothing to do
 
 
 def test_release_some_or_all_of_an_owners_claims(frontier):
@@ -343,12 +723,15 @@ def test_make_due_brings_records_forward(frontier):
 
 def test_next_due(frontier):
     assert frontier.next_due(SITE, NOW) is None
-    frontier.add([rec(1, next_fetch=NOW - 50), rec(2, next_fetch=NOW - 10), rec(3, state=FORBIDDEN)])
+    frontier.add([rec(1, next_fetch=NOW - 50), rec(2, next_fetch=NOW - 10),
+                  rec(3, state=FORBIDDEN, next_fetch=NOW + DAY)])  # parked
     assert frontier.next_due(SITE, NOW) == NOW - 50
     frontier.claim_due(SITE, "a", NOW, 100.0, 1)  # rec(1): claimable again at NOW + 100
     assert frontier.next_due(SITE, NOW) == NOW - 10
-    frontier.claim_due(SITE, "a", NOW, 30.0, 1)
-    assert frontier.next_due(SITE, NOW) == NOW + 30
+    # Both held: the earliest end of a lease, on the due clock.
+    _, before, _ = timed(frontier, lambda: frontier.claim_due(SITE, "a", NOW, 30.0, 1))
+    due, _, after = timed(frontier, lambda: frontier.next_due(SITE, NOW))
+    assert NOW + 30 - (after - before) <= due <= NOW + 30
     assert frontier.next_due("other", NOW) is None
 
 
@@ -356,13 +739,16 @@ def test_next_due_by_lane_and_run(frontier):
     records = lane_records()
     frontier.save(list(records.values()))
     assert frontier.next_due(SITE, NOW, lane_for(LANES, "fast")) == 0.0  # "new deep"
-    # Only stale records in the slow lane: claimable now, though not due.
-    frontier.save([dataclasses.replace(records["deep fetched 2d ago"], next_fetch=NOW + DAY)])
+    # Only stale records in the slow lane: claimable now, though not due
+    # (and a parked one, stale too, is not).
+    frontier.save([dataclasses.replace(records[name], next_fetch=NOW + DAY)
+                   for name in ("deep fetched 2d ago", "deep stale trap, due")])
     assert frontier.next_due(SITE, NOW, lane_for(LANES, "slow")) == NOW
     fast = lane_for(LANES, "fast")
-    frontier.claim_due(SITE, "a", NOW, 600.0, 1, fast)  # "new deep" is claimed for 600 s
+    _, before, _ = timed(frontier, lambda: frontier.claim_due(SITE, "a", NOW, 600.0, 1, fast))  # "new deep"
     assert frontier.next_due(SITE, NOW, fast) == NOW - 1  # "hub fetched 2h ago"
-    assert frontier.next_due(SITE, NOW, fast, fetched_before=NOW - 3 * HOUR) == NOW + 600
+    due, _, after = timed(frontier, lambda: frontier.next_due(SITE, NOW, fast, fetched_before=NOW - 3 * HOUR))
+    assert NOW + 600 - (after - before) <= due <= NOW + 600
     only_fetched = Lane("fetched", new_urls=False)
     assert frontier.next_due(SITE, NOW, only_fetched, fetched_before=NOW - 30 * DAY) is None
 
@@ -472,13 +858,16 @@ def test_redis_params_reach_the_client(redis_url):
 
 def test_redis_keys_of_a_site_share_one_hash_tag(redis_url):
     with open_frontier(redis_url) as store:
-        store.add([rec(1), rec(2, site="b")])
-        claim(store)
+        store.add([rec(1), rec(2, site="b"), rec(3, state=TRAP), rec(4, state=FORBIDDEN)])
+        store.heartbeat(SITE, "a", 60, {})
+        got = claim(store)
+        store.save(got[:1], owner="a", release=False, outbox={got[0].fingerprint: [(1, "x")]})
         store.set_meta(SITE, "k", 1)
         keys = {k.decode() for k in store.client.keys("*")}
     assert keys - {"vertical:sites"} == {
         f"vertical:{{{s}}}:{k}" for s in (SITE, "b") for k in ("urls", "due", "prio")
-    } | {f"vertical:{{{SITE}}}:{k}" for k in ("lease", "meta")}
+    } | {f"vertical:{{{SITE}}}:{k}" for k in ("lease", "meta", "owners", "outbox", "parked:trap",
+                                                "parked:forbidden")}
 
 
 def test_redis_unreachable_for_longer_than_patience_raises():

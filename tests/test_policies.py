@@ -540,3 +540,34 @@ def test_solve_mu_respects_bounds_and_weights():
     assert solve_mu(rates, 0.1, f_min=0.1) == math.inf
     weighted = oracle_allocation([1.0, 1.0], 2.0, weights=[1.0, 3.0])
     assert weighted.frequencies[1] > 1.0 > weighted.frequencies[0]
+
+
+def test_shared_policy_state_merges_instead_of_last_writer_wins():
+    """Two processes load the same scent step, each fetches some pages, each
+    stores at close: the stored step counts both runs' steps."""
+    from vertical.policies import make_priority, make_schedule
+
+    stored = {"step": 100}
+    a, b = make_priority("scent"), make_priority("scent")
+    a.load_state(stored)
+    b.load_state(stored)
+    opened_a, opened_b = dict(a.state()), dict(b.state())
+    a.step += 7
+    b.step += 5
+    stored = a.merge_state(stored, opened_a)
+    stored = b.merge_state(stored, opened_b)
+    assert stored == {"step": 112}
+
+    opic = make_priority("opic")
+    opic.load_state({"offset": 1.0, "pages": 10})
+    opened = dict(opic.state())
+    opic.offset, opic.pages = 1.5, 14
+    assert opic.merge_state({"offset": 1.25, "pages": 12}, opened) == {"offset": 1.75, "pages": 16}
+
+    schedule = make_schedule("optimal", initial=86400, min_delay=3600, max_delay=30 * 86400, factor=2)
+    mine = dict(schedule.state())
+    # Nobody wrote since this run loaded: this run's estimates stand.
+    assert schedule.merge_state(mine, mine) == mine
+    # Another process wrote: the estimates are averaged.
+    theirs = {**mine, "mu": mine["mu"] * 3}
+    assert schedule.merge_state(theirs, {**mine, "mu": 0.0})["mu"] == pytest.approx(mine["mu"] * 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import zipfile
@@ -18,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.crawling import REPO, site_file
+from tests.crawling import REPO, site_file, wait_for
+from tests.crawling import _env as crawl_env
 from tests.scrapyd_server import ScrapydServer, isolated_python
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
@@ -127,3 +129,72 @@ def test_scheduled_jobs_emit_documents_then_only_changes(scrapyd, deployment, tm
 
 def film_path(url: str) -> str:
     return "/" + url.split("/", 3)[3]
+
+
+def test_monitor_schedules_a_sites_crawl_again_when_its_process_dies(scrapyd, deployment, tmp_path):
+    """``scrapy vertical-monitor --once`` against the real Scrapyd: a site
+    without a job gets one, a running job is left alone, and once its process
+    is killed the next poll schedules the site again, which crawls on."""
+    with serve(DemoSite(seed=0)) as demo:
+        sites = tmp_path / "sites"
+        sites.mkdir()
+        site_file(sites, demo.url, politeness={"delay": 0.3, "concurrency": 1})  # sites/demo.yaml
+        # A short lease: the dead job's claims come back within seconds.
+        settings = {"VERTICAL_STORE": f"sqlite:///{tmp_path / 'frontier.sqlite3'}", "VERTICAL_SITES": str(sites),
+                    "VERTICAL_LEASE": 5}
+
+        def monitor() -> tuple[str, str]:
+            cmd = [sys.executable, "-m", "scrapy", "vertical-monitor", "demo", "--scrapyd", scrapyd.url,
+                   "--project", PROJECT, "--once"]
+            for key, value in settings.items():
+                cmd += ["--setting", f"{key}={value}"]
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env=crawl_env())
+            assert proc.returncode == 0, proc.stderr
+            (line,) = proc.stdout.splitlines()
+            what, job = line.removeprefix("demo: ").split()
+            return what, job
+
+        def running(job: str) -> dict[str, Any] | None:
+            return next((j for j in scrapyd.get("listjobs.json", project=PROJECT)["running"] if j["id"] == job), None)
+
+        what, first = monitor()
+        assert what == "scheduled" and first.startswith("monitor-demo-")
+        try:
+            process = wait_for(lambda: running(first), timeout=120)
+            wait_for(lambda: len(demo.requests) >= 5, timeout=120)  # the crawl is under way
+            assert monitor() == ("running", first)  # alive: left alone
+            os.kill(process["pid"], signal.SIGKILL)
+            scrapyd.wait_finished(PROJECT, SPIDER, first)
+            what, second = monitor()
+            assert what == "scheduled" and second.startswith("monitor-demo-") and second != first
+            wait_for(lambda: running(second), timeout=120)
+            assert scrapyd.get("listjobs.json", project=PROJECT)["pending"] == []
+            fetched = len(demo.requests)
+            wait_for(lambda: len(demo.requests) > fetched + 3, timeout=120)  # it crawls on
+            assert monitor() == ("running", second)
+        finally:
+            for job in (first, locals().get("second")):
+                if job and running(job):
+                    scrapyd.post("cancel.json", [("project", PROJECT), ("job", job)])
+                    scrapyd.wait_finished(PROJECT, SPIDER, job)
+        log = scrapyd.job_log(PROJECT, SPIDER, second)
+        assert "Traceback" not in log, log[-3000:]
+        assert "Spider opened" in log and "Frontier sqlite:" in log
+
+
+def test_monitor_backs_off_from_a_crawl_that_keeps_dying(scrapyd, deployment, tmp_path):
+    """A site whose job ends at once (here: no such config) is scheduled
+    again only after a wait that doubles with each crash, not in a loop."""
+    from vertical.monitor import ScrapydMonitor
+
+    now = [1000.0]
+    monitor = ScrapydMonitor(url=scrapyd.url, sites=["nosuchsite"], project=PROJECT, interval=30, min_uptime=60,
+                             settings={"VERTICAL_SITES": str(tmp_path)}, clock=lambda: now[0])
+    for wait in (30, 60):
+        (status,) = monitor.poll().values()
+        assert status.startswith("scheduled monitor-nosuchsite-")
+        job = status.split()[1]
+        scrapyd.wait_finished(PROJECT, SPIDER, job)  # the config is missing: the crawl stops at once
+        now[0] += 5
+        assert monitor.poll() == {"nosuchsite": f"waiting {wait}s"}
+        now[0] += wait

@@ -25,24 +25,26 @@ def rec(i: int, host: str = "a.example", site: str = "movies", **kw) -> URLRecor
                      host=host, **kw)
 
 
-def fixture_records() -> list[URLRecord]:
+def fixture_records(clock: float = NOW) -> list[URLRecord]:
+    """``clock``: the store's clock, on which the leases are live or not."""
     return [
         # a.example: three fetched pages, one new, one gone, one trap, one 5xx
         rec(1, state=FETCHED, visits=5, changes=2, refetch_delay=1 * DAY, fetch_time=NOW - 2 * HOUR,
             next_fetch=NOW - 1, http_status=200),
         rec(2, state=FETCHED, visits=3, changes=0, refetch_delay=2 * DAY, fetch_time=NOW - DAY,
-            next_fetch=NOW + 30 * 60, http_status=200, claim_owner="box:1:aa", claim_until=NOW + 600),
+            next_fetch=NOW + 30 * 60, http_status=200, claim_owner="box:1:aa", claim_until=clock + 600),
         rec(3, state=FETCHED, visits=2, changes=1, refetch_delay=4 * DAY, fetch_time=NOW - 3 * DAY,
             next_fetch=NOW + 12 * HOUR, http_status=503,
             extra={COUNTS_KEY: [1, 0, 2 * DAY, 0.0]}),
-        rec(4, state=NEW, next_fetch=0.0, claim_owner="box:1:aa", claim_until=NOW + 600),
+        rec(4, state=NEW, next_fetch=0.0, claim_owner="box:1:aa", claim_until=clock + 600),
         rec(5, state=GONE, visits=2, refetch_delay=8 * DAY, fetch_time=NOW - HOUR, next_fetch=NOW + 7 * DAY,
             http_status=404),
-        rec(6, state=TRAP, next_fetch=0.0, extra={"trap": "repeating-path"},
-            claim_owner="old:2:bb", claim_until=NOW - 5),  # an expired lease is not held
+        # Traps are parked: due again only when they are to be re-examined.
+        rec(6, state=TRAP, next_fetch=NOW + 30 * DAY, extra={"trap": "repeating-path"},
+            claim_owner="old:2:bb", claim_until=clock - 5),  # an expired lease is not held
         # b.example: one new page, one trap
         rec(7, host="b.example", state=NEW, next_fetch=NOW + 2 * DAY),
-        rec(8, host="b.example", state=TRAP, extra={"trap": "too-long"}),
+        rec(8, host="b.example", state=TRAP, next_fetch=NOW + 30 * DAY, extra={"trap": "too-long"}),
         # another site
         rec(9, host="c.example", site="books", state=NEW),
     ]
@@ -55,7 +57,7 @@ def test_summary_per_site_and_host(frontier):
     a = summary["movies"]["hosts"]["a.example"]
     assert a["records"] == 6
     assert a["states"] == {"new": 1, "fetched": 3, "gone": 1, "trap": 1}
-    # Cumulative, traps never due: 1 and 4 now; 2 within the hour; 3 within the day.
+    # Cumulative, parked traps not due: 1 and 4 now; 2 within the hour; 3 within the day.
     assert a["due"] == {"now": 2, "hour": 3, "day": 4}
     assert a["delay"] == {"p10": pytest.approx(1.3 * DAY), "median": pytest.approx(3 * DAY),
                           "p90": pytest.approx(6.8 * DAY)}
@@ -105,10 +107,18 @@ def scrapy(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+def test_summary_judges_leases_on_the_store_clock():
+    # A replay days ahead (now) still sees a lease live on the store's clock.
+    later = summarize(fixture_records(clock=NOW), NOW + 2 * DAY, clock=NOW)
+    assert later["movies"]["total"]["leases"] == {"box:1:aa": 2}
+    assert summarize(fixture_records(clock=NOW), NOW, clock=NOW + 601)["movies"]["total"]["leases"] == {}
+
+
 def test_command_json_and_table(frontier_uri):
     with open_frontier(frontier_uri) as store:
-        store.save(fixture_records(), release=False)
-    # The command's clock is the crawl's: replay it at NOW.
+        # Live leases on the store's clock, which the command reads.
+        store.save(fixture_records(clock=store.clock()), release=False)
+    # The command's due clock is the crawl's: replay it at NOW.
     offset = f"VERTICAL_TIME_OFFSET={NOW - __import__('time').time()}"
     done = scrapy("vertical-status", "movies", "--json", "--store", frontier_uri, "-s", offset)
     assert done.returncode == 0, done.stderr

@@ -22,7 +22,10 @@ class StatsFile:
     def __init__(self, crawler: Crawler, path: str) -> None:
         self.crawler = crawler
         self.path = Path(path)
+        self.reason = ""
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
+        # Again when everything has stopped: feeds are stored after spider_closed.
+        crawler.signals.connect(self.write, signal=signals.engine_stopped)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -32,8 +35,12 @@ class StatsFile:
         return cls(crawler, path)
 
     def spider_closed(self, reason: str) -> None:
+        self.reason = reason
+        self.write()
+
+    def write(self) -> None:
         stats: dict[str, Any] = dict(self.crawler.stats.get_stats())
-        stats["finish_reason"] = reason
+        stats["finish_reason"] = self.reason
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(stats, default=_jsonable, indent=1, sort_keys=True))
 

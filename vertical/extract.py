@@ -28,6 +28,7 @@ from scrapy.linkextractors import LinkExtractor
 from scrapy.utils.url import url_has_any_extension
 from w3lib.html import replace_entities
 
+from vertical.compat import link_filters
 from vertical.config import DocumentRule, FieldSpec, FollowRules, SiteConfig, host_allowed
 
 __all__ = [
@@ -301,7 +302,7 @@ def explain_links(site: SiteConfig, response: TextResponse, level: int | None = 
         extractor = _all_extractor(follow.restrict_xpaths, follow.restrict_css)
         restricted = {link.url for link in extractor.extract_links(response)}
     too_deep = _too_deep(site, _page_level(response, level))
-    extractor = _follow_extractor(follow)
+    allow_res, deny_res, deny_extensions = link_filters(_follow_extractor(follow))
     decisions = []
     for link in _all_extractor().extract_links(response):
         url = link.url
@@ -311,11 +312,11 @@ def explain_links(site: SiteConfig, response: TextResponse, level: int | None = 
             reason = OUTSIDE_RESTRICT
         elif not host_allowed(urlsplit(url).hostname or "", site.allowed_domains):
             reason = OFFSITE
-        elif any(r.search(url) for r in extractor.deny_res):
+        elif any(r.search(url) for r in deny_res):
             reason = DENIED
-        elif extractor.allow_res and not any(r.search(url) for r in extractor.allow_res):
+        elif allow_res and not any(r.search(url) for r in allow_res):
             reason = NOT_ALLOWED
-        elif url_has_any_extension(url, extractor.deny_extensions):
+        elif url_has_any_extension(url, deny_extensions):
             reason = IGNORED_EXTENSION
         else:  # what Scrapy rejects for other reasons, such as a non-http scheme
             reason = OFFSITE

@@ -13,13 +13,18 @@ from typing import Any
 NEW = "new"  # known, never fetched
 FETCHED = "fetched"  # fetched at least once, alive
 GONE = "gone"  # answered 404/410; kept, flagged, rechecked rarely
-FORBIDDEN = "forbidden"  # disallowed by robots.txt; not fetched
-TRAP = "trap"  # rejected by a trap guard; not fetched again
+FORBIDDEN = "forbidden"  # disallowed by robots.txt; parked, not fetched
+TRAP = "trap"  # rejected by a trap guard; parked, not fetched
 DUPLICATE = "duplicate"  # same content as another page (see ``extra['duplicate_of']``)
 
 STATES = (NEW, FETCHED, GONE, FORBIDDEN, TRAP, DUPLICATE)
-#: States whose records are never selected for fetching again.
-TERMINAL_STATES = (FORBIDDEN, TRAP)
+#: States whose records are parked rather than fetched: the scheduler pushes
+#: their ``next_fetch`` out and re-examines them when due (a trap guard may
+#: have been loosened, robots.txt may allow them now); ``Frontier.wake``
+#: brings a host's parked records forward at once. No state is terminal: a
+#: record that could never be selected again would sit in the due index
+#: forever.
+PARKED_STATES = (FORBIDDEN, TRAP)
 
 
 @dataclass(slots=True)

@@ -15,9 +15,14 @@ What the engine can rely on:
 * ``has_pending_requests()`` is true while anything of this crawl's lane is
   due (claimable now, or held by another process's lease that may run out),
   and always in continuous mode.
-* Records handed out are written back by :meth:`page_done` (batched) and
-  their claims released in the same transaction; on close, whatever was not
-  fetched is released for others.
+* Every record handed out comes back through :mod:`vertical.commit`, which
+  writes it (fenced, batched) and calls :meth:`settled`; on close, whatever
+  was not fetched is released for others.
+* Claims belong to this process's owner id, kept alive by a heartbeat in the
+  store every ``VERTICAL_HEARTBEAT`` seconds. A process whose heartbeat runs
+  out (three missed beats), or whose pid is gone on this machine, is dead:
+  the first live process to notice releases its claims, so a restart after a
+  crash resumes at once rather than after the lease.
 """
 
 from __future__ import annotations
@@ -35,13 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
+from twisted.internet import task
 
+from vertical.commit import META_RECORD, FrontierCommit
+from vertical.compat import existing_slot, slot_active, slot_concurrency
 from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.policies import make_priority, make_schedule
-from vertical.record import NEW, TRAP, URLRecord
+from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenTest
 from vertical.traps import DEFER, HostGuard, check_url
-from vertical.urls import fingerprint, host_of
+from vertical.urls import canonicalize, fingerprint, host_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -53,7 +61,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-META_RECORD = "vertical.record"  # the URLRecord a request fetches
 META_LEVEL = "vertical.level"  # link distance of a discovered URL
 META_PARENT = "vertical.parent"  # the URLRecord of the page a link was found on
 META_SEED = "vertical.seed"  # an entry URL
@@ -63,6 +70,11 @@ META_DUPLICATE = "vertical.duplicate_of"  # set on a response whose content anot
 _POLL = 1.0  # seconds between store polls when nothing was claimable
 LEARN_SAMPLE = 2000  # records a learning schedule sees at open (the site's rates)
 LEARN_ITERATIONS = 20  # its EM steps then, from the weights of the last run
+#: A host's queue holds about this many seconds of its fetches (at its delay
+#: and concurrency): claim no more, so that other processes find work too.
+QUEUE_HORIZON = 30.0
+#: Heartbeats a process may miss before others take it for dead.
+MISSED_HEARTBEATS = 3
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:
@@ -89,26 +101,30 @@ class FrontierScheduler(BaseScheduler):
         self.store_uri: str = settings["VERTICAL_STORE"]
         self.lease: float = settings.getfloat("VERTICAL_LEASE")
         self.batch: int = settings.getint("VERTICAL_CLAIM_BATCH")
-        self.write_batch: int = settings.getint("VERTICAL_WRITE_BATCH")
-        self.write_interval: float = settings.getfloat("VERTICAL_WRITE_INTERVAL")
         self.time_offset: float = settings.getfloat("VERTICAL_TIME_OFFSET")
+        self.heartbeat: float = settings.getfloat("VERTICAL_HEARTBEAT")
+        self.trap_recheck: float = settings.getfloat("VERTICAL_TRAP_RECHECK")
         self._settings = settings
 
         self.frontier: Frontier
         self.site: SiteConfig
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._queues: dict[str, list[tuple[float, int, URLRecord]]] = {}
+        self._queued: set[int] = set()  # fingerprints in the queues
         self._hosts: deque[str] = deque()
         self._direct: deque[Request] = deque()
+        # Requests the spider yielded (start requests) by fingerprint: their
+        # URL goes through the frontier, the rest of them (meta, headers,
+        # callbacks) comes back when the record is fetched this run.
+        self._templates: dict[int, Request] = {}
         self._inflight: dict[int, URLRecord] = {}
         self._discovered: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
-        self._writes: dict[int, URLRecord] = {}
-        self._priority_writes: dict[int, URLRecord] = {}
+        self._checking: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._seq = itertools.count()
         self._next_poll = 0.0
         self._pending_cache: tuple[float, bool] = (0.0, False)
-        self._last_flush = 0.0
-        self._last_renew = 0.0
+        self._heartbeat: task.LoopingCall | None = None
+        self._opened_state: dict[str, Any] = {}
         self._handed_out = 0
         self._per_host: dict[str, int] = {}
         # Handed out but not yet in a download slot (downloader middlewares,
@@ -116,6 +132,7 @@ class FrontierScheduler(BaseScheduler):
         self._on_the_way: dict[int, str] = {}
         self._on_the_way_per_host: Counter[str] = Counter()
         self._postponed: dict[str, float] = {}
+        self._started = time.time()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -137,19 +154,30 @@ class FrontierScheduler(BaseScheduler):
     def open(self, spider: Spider) -> Deferred[None] | None:
         self.spider = spider
         self.site = site = spider.site
+        commit = self.crawler.get_extension(FrontierCommit)
+        if commit is None:
+            raise RuntimeError("vertical.commit.FrontierCommit must be in EXTENSIONS")
+        self.commit = commit
+        commit.attach(self)
         self.frontier = open_frontier(self.store_uri, **_redis_params(self._settings))
+        self._beat()
         refetch = site.refetch
         self.schedule = make_schedule(refetch.schedule, initial=refetch.initial, min_delay=refetch.min,
                                       max_delay=refetch.max, factor=refetch.factor, **refetch.params)
         self.priority = make_priority(site.priority.policy, **site.priority.params)
+        # What the store held when this run loaded it: merged with at close.
+        opened = self._opened_state
         if state := self.frontier.get_meta(site.name, f"priority.{self.priority.name}"):
             self.priority.load_state(state)
-        if hasattr(self.schedule, "load_state") and (
-                state := self.frontier.get_meta(site.name, f"schedule.{self.schedule.name}")):
-            self.schedule.load_state(state)
+        opened["priority"] = state
+        if hasattr(self.schedule, "load_state"):
+            if state := self.frontier.get_meta(site.name, f"schedule.{self.schedule.name}"):
+                self.schedule.load_state(state)
+            opened["schedule"] = state
         self.lane = lane_for(site, getattr(spider, "lane", None))
-        # A host's concurrency before its download slot exists.
+        # A host's concurrency and delay before its download slot exists.
         self._concurrency = self._settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") or 1
+        self._delay = self._settings.getfloat("DOWNLOAD_DELAY")
         self.continuous = getattr(spider, "mode", None) == "continuous"
         self.max_pages = int(getattr(spider, "pages", 0) or self._settings.getint("VERTICAL_MAX_PAGES"))
         seconds = float(getattr(spider, "seconds", 0) or self._settings.getfloat("VERTICAL_MAX_SECONDS"))
@@ -157,10 +185,10 @@ class FrontierScheduler(BaseScheduler):
         self.deadline = self.run_start + seconds if seconds else 0.0
         # Within one run a URL is fetched at most once (by any process);
         # a continuous crawl has no end, so its URLs come back when due.
-        self.fetched_before = None if self.continuous else self.run_start
+        self.fetched_before = None if self.continuous else self._join_run()
         records = self.frontier.count(site.name)
         self.seen = SeenTest(
-            lookup=lambda fps: self.frontier.known(site.name, fps),
+            lookup=self._known,
             capacity=max(self._settings.getint("VERTICAL_SEEN_CAPACITY"), records * 2),
             error_rate=self._settings.getfloat("VERTICAL_SEEN_ERROR_RATE"),
             cache_size=self._settings.getint("VERTICAL_SEEN_CACHE"),
@@ -172,6 +200,9 @@ class FrontierScheduler(BaseScheduler):
         self._fit_schedule(records)
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
+        self._heartbeat = task.LoopingCall(self._beat)
+        # Often enough to renew leases well before they run out.
+        self._heartbeat.start(min(self.heartbeat, self.lease / 3), now=False)
         logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
                     self.frontier.uri, records, site.name, self.lane.name, self.owner)
         return None
@@ -198,18 +229,36 @@ class FrontierScheduler(BaseScheduler):
                 self.schedule.set_budget(per_day, max(records, 1))
 
     def close(self, reason: str) -> Deferred[None] | None:
+        """Write back what is settled, release the rest, merge the policies'
+        state into the store's. The store stays open (and the heartbeat
+        beating) until the commit has seen the feeds closed: :meth:`shutdown`."""
         self._flush_discovered(claim=False)
-        self._flush_writes()
+        self.commit.flush()
         self.frontier.release(self.site.name, self.owner)
-        self.frontier.set_meta(self.site.name, f"priority.{self.priority.name}", dict(self.priority.state()))
+        site = self.site.name
+        # Other processes may have moved the shared state meanwhile: merge.
+        opened = self._opened_state
+        self.frontier.update_meta(site, f"priority.{self.priority.name}",
+                                  lambda stored: self.priority.merge_state(stored, opened.get("priority")))
         if hasattr(self.schedule, "state"):
-            self.frontier.set_meta(self.site.name, f"schedule.{self.schedule.name}", dict(self.schedule.state()))
+            self.frontier.update_meta(site, f"schedule.{self.schedule.name}",
+                                      lambda stored: self.schedule.merge_state(stored, opened.get("schedule")))
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
+        if self.frontier.collisions:
+            self.stats.set_value("vertical/seen/collisions", self.frontier.collisions)
         if self.host_guard and self.host_guard.guarded_hosts:
             self.stats.set_value("vertical/guarded_hosts", sorted(self.host_guard.guarded_hosts))
-        self.frontier.close()
         return None
+
+    def shutdown(self) -> None:
+        """The crawl is over and its items are where they go: leave the store."""
+        if self._heartbeat is not None and self._heartbeat.running:
+            self._heartbeat.stop()
+        try:
+            self.frontier.forget_owner(self.site.name, self.owner)
+        finally:
+            self.frontier.close()
 
     def has_pending_requests(self) -> bool:
         if self._direct:
@@ -219,6 +268,8 @@ class FrontierScheduler(BaseScheduler):
         if self._discovered or any(self._queues.values()):
             return True
         if self.continuous:
+            return True
+        if self.commit.pending():
             return True
         now = time.monotonic()
         checked_at, pending = self._pending_cache
@@ -236,7 +287,13 @@ class FrontierScheduler(BaseScheduler):
             # they already belong to this process.
             self._direct.append(request)
             return True
-        self._discover(request.url, meta.get(META_LEVEL, 0), meta.get(META_PARENT), bool(meta.get(META_SEED)))
+        try:
+            url = canonicalize(request.url, self.site.traps.strip_params)
+        except ValueError as exc:
+            logger.warning("Dropped %s: not a URL the frontier can hold (%s)", request, exc)
+            return False
+        self._templates[fingerprint(url)] = request
+        self._discover(url, meta.get(META_LEVEL, 0), meta.get(META_PARENT), bool(meta.get(META_SEED)))
         return True
 
     def discover(self, urls: Iterable[str], parent: URLRecord) -> None:
@@ -274,23 +331,23 @@ class FrontierScheduler(BaseScheduler):
     def __len__(self) -> int:
         return len(self._direct) + sum(len(q) for q in self._queues.values())
 
-    # -- page results (from the pipeline and the spider) -------------------------
+    # -- from the commit and the middlewares ---------------------------------------
 
-    def page_done(self, record: URLRecord, outlinks: Iterable[URLRecord] = ()) -> None:
-        """Write a fetched page's record back (batched) and release its claim."""
+    def settled(self, record: URLRecord) -> None:
+        """A record handed out has come back to the commit (written soon)."""
         self._inflight.pop(record.fingerprint, None)
         self._arrived(record.fingerprint)
-        self._writes[record.fingerprint] = record
-        for link in outlinks:
-            if link.fingerprint != record.fingerprint:
-                self._priority_writes[link.fingerprint] = link
-        if len(self._writes) >= self.write_batch:
-            self._flush_writes()
 
-    def page_failed(self, record: URLRecord) -> None:
-        """A fetch that failed after Scrapy's retries: due again later."""
-        self.schedule.set_failed(record, self.now())
-        self.page_done(record)
+    def holds(self, record: URLRecord) -> bool:
+        """Was ``record`` handed out by this scheduler and not yet settled?"""
+        return self._inflight.get(record.fingerprint) is record
+
+    def wake(self, host: str, state: str) -> None:
+        """Make a host's records in a parked ``state`` due now (its
+        robots.txt was fetched again: its forbidden URLs may be allowed)."""
+        if woken := self.frontier.wake(self.site.name, host, state, self.now()):
+            self.stats.inc_value(f"vertical/woken/{state}", woken)
+            self._next_poll = 0.0
 
     def postpone_host(self, host: str, seconds: float) -> None:
         """Leave a host alone for a while (its robots.txt answered 5xx or timed
@@ -304,7 +361,19 @@ class FrontierScheduler(BaseScheduler):
         the rest stays unclaimed in the store, for any process to take."""
         if host in self._postponed or self._capped(host):
             return False
-        return len(self._queues.get(host, ())) + taking < self.batch
+        return len(self._queues.get(host, ())) + taking < self._host_target(host)
+
+    def _host_target(self, host: str) -> int:
+        """How many of a host's records to hold: about QUEUE_HORIZON seconds
+        of its fetches, so that a process does not hoard what others sharing
+        the store could fetch meanwhile."""
+        slot = existing_slot(self.crawler.engine.downloader, host)  # type: ignore[union-attr]
+        concurrency = slot_concurrency(slot) if slot is not None else self._concurrency
+        # The site's delay: the shared host rate zeroes the slot's own.
+        if self._delay <= 0:
+            # No delay, no rate to go by: two rounds of the slot's concurrency.
+            return min(self.batch, max(32, 2 * concurrency))
+        return max(2 * concurrency, min(self.batch, int(QUEUE_HORIZON / self._delay * concurrency)))
 
     def _capped(self, host: str) -> bool:
         cap = self.site.traps.max_pages_per_host
@@ -312,6 +381,7 @@ class FrontierScheduler(BaseScheduler):
 
     def _release_host(self, host: str) -> None:
         queue = self._queues.pop(host, [])
+        self._queued.difference_update(r.fingerprint for *_, r in queue)
         if queue:
             self.frontier.release(self.site.name, self.owner, [r.fingerprint for *_, r in queue])
 
@@ -320,21 +390,26 @@ class FrontierScheduler(BaseScheduler):
         self._flush_discovered()
         return self.frontier.get_many(self.site.name, fingerprints)
 
+    def flush_discovered(self) -> None:
+        """Store the links found so far (before their pages are written back)."""
+        self._flush_discovered()
+
     # -- internals ----------------------------------------------------------------
 
     def _pop(self) -> Request | None:
-        slots = self.crawler.engine.downloader.slots
+        downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         for _ in range(len(self._hosts)):
             host = self._hosts[0]
             self._hosts.rotate(-1)
             queue = self._queues.get(host)
             if not queue:
                 continue
-            slot = slots.get(host)
-            busy = self._on_the_way_per_host[host] + (len(slot.active) if slot is not None else 0)
-            if busy >= (slot.concurrency if slot is not None else self._concurrency):
+            slot = existing_slot(downloader, host)
+            busy = self._on_the_way_per_host[host] + (len(slot_active(slot)) if slot is not None else 0)
+            if busy >= (slot_concurrency(slot) if slot is not None else self._concurrency):
                 continue  # the host is busy; serve the next one
             record = heapq.heappop(queue)[2]
+            self._queued.discard(record.fingerprint)
             self._on_the_way[record.fingerprint] = host
             self._on_the_way_per_host[host] += 1
             fetched = self._per_host[host] = self._per_host.get(host, 0) + 1
@@ -345,10 +420,13 @@ class FrontierScheduler(BaseScheduler):
             self._inflight[record.fingerprint] = record
             self._handed_out += 1
             self.stats.inc_value("vertical/scheduler/dequeued")
-            return self.spider.request_for(record)
+            return self.spider.request_for(record, self._templates.pop(record.fingerprint, None))
         return None
 
     def _push(self, record: URLRecord) -> None:
+        if record.fingerprint in self._queued or record.fingerprint in self._inflight:
+            return  # claimed again after our own lease ran out: held already
+        self._queued.add(record.fingerprint)
         queue = self._queues.get(record.host)
         if queue is None:
             queue = self._queues[record.host] = []
@@ -366,22 +444,39 @@ class FrontierScheduler(BaseScheduler):
         return held
 
     def _refill(self) -> None:
-        busy = [h for h, q in self._queues.items() if len(q) >= self.batch]
+        busy = [h for h, q in self._queues.items() if len(q) >= self._host_target(h)]
         busy += self._held_back()
+        limit = self.batch if not self._queues else min(self.batch, max(
+            (self._host_target(h) for h in self._queues), default=self.batch))
         records = self.frontier.claim_due(
-            self.site.name, self.owner, self.now(), self.lease, self.batch, self.lane,
+            self.site.name, self.owner, self.now(), self.lease, limit, self.lane,
             exclude_hosts=busy, fetched_before=self.fetched_before,
         )
         for record in records:
+            if record.state in (TRAP, FORBIDDEN) and not self._reexamine(record):
+                continue
             self._push(record)
         self.stats.inc_value("vertical/scheduler/claimed", len(records))
         if not records:
             self._next_poll = self.now() + _POLL
 
+    def _reexamine(self, record: URLRecord) -> bool:
+        """A parked record came due: fetch it again? A URL the trap guards
+        still reject is parked again unfetched; anything else is fetched
+        (robots.txt and the response guards look at it anew)."""
+        reason = record.extra.get("trap")
+        if record.state == TRAP and reason and check_url(record.url, self.site.traps) == reason:
+            self._inflight[record.fingerprint] = record
+            self.commit.page_parked(record, TRAP, self.now() + self.trap_recheck, reason)
+            return False
+        self.stats.inc_value(f"vertical/reexamined/{record.state}")
+        record.state = FETCHED if record.visits else NEW
+        return True
+
     def _due_in_store(self) -> bool:
-        if self._writes and not self._inflight:
+        if not self._inflight:
             # Pages this process fetched still count as due until written back.
-            self._flush_writes()
+            self.commit.flush()
         lane = self.lane
         due = self.frontier.next_due(self.site.name, self.now(), lane, fetched_before=self.fetched_before,
                                      exclude_hosts=self._held_back())
@@ -392,7 +487,19 @@ class FrontierScheduler(BaseScheduler):
         if not self._discovered:
             return
         batch, self._discovered = self._discovered, {}
+        try:
+            self._store_discovered(batch, claim)
+        except BaseException:
+            # Not stored: keep the links for the next flush (the pages they
+            # were found on are not written back before them).
+            for fp, entry in batch.items():
+                self._discovered.setdefault(fp, entry)
+            raise
+
+    def _store_discovered(self, batch: dict[int, tuple[str, str, int, URLRecord | None, bool]],
+                          claim: bool) -> None:
         site, now = self.site.name, self.now()
+        self._checking = batch
         new, known = self.seen.check_many(batch)
         take = claim and self.lane.new_urls and not self.budget_exhausted
         taken: list[URLRecord] = []
@@ -401,11 +508,15 @@ class FrontierScheduler(BaseScheduler):
         for fp in new:
             url, host, level, parent, _ = batch[fp]
             record = URLRecord(url=url, fingerprint=fp, site=site, host=host, level=level, state=NEW)
+            if parent is not None:
+                record.extra["referer"] = parent.url  # the request's Referer (spider.request_for)
             self.schedule.set_discovered(record, now)
             self.priority.on_discovered(record, parent)
             if reason := check_url(url, self.site.traps):
-                # Stored, so it is known and never counted as new again; never fetched.
+                # Stored, so it is known and never counted as new again; not
+                # fetched, and looked at again after VERTICAL_TRAP_RECHECK.
                 record.state, record.extra["trap"] = TRAP, reason
+                record.next_fetch = now + self.trap_recheck
                 self.stats.inc_value(f"vertical/trap/{reason}")
                 left.append(record)
             elif self.host_guard is not None and self.host_guard.decide(host) == DEFER:
@@ -418,7 +529,7 @@ class FrontierScheduler(BaseScheduler):
                 taken_per_host[host] += 1
             else:
                 left.append(record)
-        inserted = self.frontier.add(taken, claim_owner=self.owner, claim_until=now + self.lease)
+        inserted = self.frontier.add(taken, claim_owner=self.owner, lease=self.lease)
         for record in inserted:
             self._push(record)
         inserted += self.frontier.add(left)
@@ -428,31 +539,75 @@ class FrontierScheduler(BaseScheduler):
         if seeds:
             self.frontier.make_due(site, seeds, now, self.site.refetch.min)
 
-    def _flush_writes(self) -> None:
-        # Links first: once a page is stored as fetched nobody fetches it
-        # again this run, so the links found on it must be stored already.
-        self._flush_discovered()
-        if self._priority_writes:
-            # Outlinks whose priority changed (OPIC credit): only that column set.
-            self.frontier.save_priorities(self.site.name, list(self._priority_writes.values()))
-            self._priority_writes = {}
-        if self._writes:
-            self.frontier.save(list(self._writes.values()))
-            self._writes = {}
-        self._last_flush = time.monotonic()
-
     def _maintain(self) -> None:
-        """Periodic work piggy-backed on the engine's calls: flush old writes,
-        renew the leases of everything this process holds."""
-        mono = time.monotonic()
-        if self._writes and mono - self._last_flush >= self.write_interval:
-            self._flush_writes()
-        if mono - self._last_renew >= self.lease / 3:
-            self._last_renew = mono
+        """Periodic work piggy-backed on the engine's calls."""
+        self.commit.maintain()
+
+    def _beat(self) -> None:
+        """Tell the store this process is alive, renew the leases of what it
+        holds, and release the claims of processes that are not."""
+        site, frontier = self.site.name, self.frontier
+        try:
+            frontier.heartbeat(site, self.owner, self.heartbeat * MISSED_HEARTBEATS, {
+                "host": socket.gethostname(), "pid": os.getpid(), "started": self._started,
+                "lane": self.lane.name if hasattr(self, "lane") else None,
+                "pages": self._handed_out,
+            })
             held = [r.fingerprint for q in self._queues.values() for *_, r in q]
             held += list(self._inflight)
+            held += self.commit.held()
             if held:
-                self.frontier.renew(self.site.name, self.owner, held, self.now() + self.lease)
+                frontier.renew(site, self.owner, held, self.lease)
+                self.stats.inc_value("vertical/scheduler/lease_renewals")
+            if dead := frontier.reap(site, dead=self._dead_here()):
+                self.stats.inc_value("vertical/owners/reaped", len(dead))
+                logger.info("Claims of stopped crawl processes released: %s", ", ".join(dead))
+                self._next_poll = 0.0
+        except Exception:
+            # A store hiccup: the next beat tries again (three may be missed).
+            logger.exception("Heartbeat to the store failed")
+
+    def _dead_here(self) -> list[str]:
+        """Owners that ran on this machine and whose process is gone."""
+        here = socket.gethostname()
+        dead = []
+        for owner in self.frontier.owners(self.site.name):
+            info = owner.info or {}
+            if owner.owner == self.owner or info.get("host") != here or not info.get("pid"):
+                continue
+            try:
+                os.kill(int(info["pid"]), 0)
+            except ProcessLookupError:
+                dead.append(owner.owner)
+            except (PermissionError, ValueError, OverflowError):
+                continue  # alive under another user, or not a pid
+        return dead
+
+    def _join_run(self) -> float:
+        """When did this run start? Processes that join a run in progress
+        (another live process of the site is in it) share its start, so that
+        a page one of them fetched is not fetched again by another."""
+        site, me, now = self.site.name, self.owner, self.run_start
+        live = {o.owner for o in self.frontier.owners(site) if o.alive and o.owner != me}
+
+        def join(stored: Any) -> dict[str, Any]:
+            if stored and live & set(stored.get("owners", ())):
+                return {"start": stored["start"], "owners": [*set(stored["owners"]) & live, me]}
+            return {"start": now, "owners": [me]}
+
+        run = self.frontier.update_meta(site, "run", join)
+        return min(float(run["start"]), now)
+
+    def _known(self, fingerprints: Iterable[int]) -> set[int]:
+        """The seen test's store lookup, comparing URLs: a fingerprint that
+        another URL holds is a collision, counted (that URL is not stored)."""
+        urls = self.frontier.urls(self.site.name, fingerprints)
+        for fp, url in urls.items():
+            entry = self._checking.get(fp)
+            if entry is not None and entry[0] != url:
+                self.stats.inc_value("vertical/seen/collisions")
+                logger.warning("Fingerprint collision: %s is not stored, %s has its fingerprint", entry[0], url)
+        return set(urls)
 
     def _reached_downloader(self, request: Request) -> None:
         record = request.meta.get(META_RECORD)
@@ -466,8 +621,7 @@ class FrontierScheduler(BaseScheduler):
     def _on_idle(self) -> None:
         # The engine also goes idle between store polls; make sure the
         # write buffer does not wait for the next request.
-        if self._writes:
-            self._flush_writes()
+        self.commit.flush()
 
 
 def _redis_params(settings: Any) -> dict[str, Any]:

@@ -19,6 +19,13 @@ VERTICAL_SITES = "sites"
 # A claimed URL belongs to its crawl process for this long; leases of live
 # processes are renewed, those of killed ones run out and their URLs return.
 VERTICAL_LEASE = 600
+# Seconds between a crawl process's heartbeats in the store. A process that
+# misses three (or whose pid is gone, on the same machine) is taken for dead
+# and its claims are released at once, whatever their lease.
+VERTICAL_HEARTBEAT = 10
+# Seconds a URL rejected by a trap guard is left alone before it is looked at
+# again (the guards may have changed, an oversized answer may have been a one-off).
+VERTICAL_TRAP_RECHECK = 30 * 86400
 # Records claimed from the store per refill of the in-memory host queues.
 VERTICAL_CLAIM_BATCH = 256
 # Page-record writes are batched: flushed at this size or this age (seconds).
@@ -40,11 +47,14 @@ VERTICAL_STATS_FILE = None
 SCHEDULER = "vertical.scheduler.FrontierScheduler"
 
 EXTENSIONS = {
+    # The commit of fetched pages to the frontier (vertical/commit.py).
+    "vertical.commit.FrontierCommit": 0,
     "vertical.extensions.StatsFile": 0,
     "middlewares.dns.DNSCacheStats": 0,
     "vertical.progress.CrawlProgress": 0,
     "pipelines.repository.WarcWriter": 0,
     "pipelines.repository.PageMirror": 0,
+    "vertical.metrics.PrometheusMetrics": 0,
 }
 
 # -- page repository and monitoring ----------------------------------------------
@@ -56,6 +66,11 @@ VERTICAL_WARC_MAX_SIZE = 1_000_000_000
 VERTICAL_MIRROR_DIR = None
 # Seconds between progress lines (pages/min, due backlog, ETA); 0 = off.
 VERTICAL_PROGRESS_INTERVAL = 60
+# Prometheus metrics of each crawl process on http://ADDRESS:PORT/metrics
+# (vertical/metrics.py; needs the `metrics` extra); 0 = off. Every process
+# needs its own port. The address is loopback unless you open it.
+VERTICAL_METRICS_PORT = 0
+VERTICAL_METRICS_ADDRESS = "127.0.0.1"
 
 DOWNLOADER_MIDDLEWARES = {
     # Scrapy's robots.txt handling, plus expiry, Crawl-delay and host postponement.
@@ -71,9 +86,7 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.hostrate.HostRateMiddleware": 950,
 }
 
-ITEM_PIPELINES = {
-    "pipelines.frontier.FrontierPipeline": 900,
-}
+ITEM_PIPELINES = {}
 
 # -- fetching ---------------------------------------------------------------
 ROBOTSTXT_OBEY = True
@@ -85,10 +98,6 @@ CONCURRENT_REQUESTS = 16
 CONCURRENT_REQUESTS_PER_DOMAIN = 1
 DOWNLOAD_DELAY = 1.0
 DOWNLOAD_DELAY_JITTER = 0
-# Redis stores: seconds added to a host's delay between the send times crawl
-# processes reserve, so that a busy process sending a little late never comes
-# closer than the delay to the next one (middlewares/hostrate.py).
-VERTICAL_HOST_RATE_MARGIN = 0.02
 DOWNLOAD_TIMEOUT = 30
 DOWNLOAD_MAXSIZE = 16 * 1024 * 1024
 DOWNLOAD_WARNSIZE = 4 * 1024 * 1024
@@ -105,6 +114,8 @@ DUPEFILTER_CLASS = "scrapy.dupefilters.BaseDupeFilter"
 TWISTED_DNS_RESOLVER = "middlewares.dns.CachingResolver"
 VERTICAL_DNS_TTL = 3600
 VERTICAL_DNS_NEGATIVE_TTL = 60
+# Answers are cached at least this long, whatever TTL they carry (0: as they say).
+VERTICAL_DNS_MIN_TTL = 0
 VERTICAL_DNS_SERVERS = []
 
 LOG_LEVEL = "INFO"

@@ -2,15 +2,17 @@
 
 Pure: :func:`summarize` folds URL records (from any backend's
 ``iter_records``) into plain dicts that are the command's ``--json`` output
-and that :func:`render` lays out as a terminal table. Times are the caller's
-clock (``now``), so tests and ``VERTICAL_TIME_OFFSET`` replays agree with the
-crawl.
+and that :func:`render` lays out as a terminal table. Due times are the
+caller's clock (``now``), so tests and ``VERTICAL_TIME_OFFSET`` replays agree
+with the crawl; leases are judged on the store's clock
+(``Frontier.clock()``), as the store judges them.
 
 What a summary holds (the same keys for a site's ``total`` and each host):
 
 * ``records``; ``states``: records per state;
-* ``due``: ``now``, ``hour``, ``day``: records (not in a terminal state)
-  whose ``next_fetch`` is at most now, now + 1 h, now + 1 d (cumulative);
+* ``due``: ``now``, ``hour``, ``day``: records whose ``next_fetch`` is at
+  most now, now + 1 h, now + 1 d (cumulative; parked records, forbidden and
+  trap, count when their re-examination is due);
 * ``delay``: ``p10``, ``median``, ``p90`` of the refetch delays of fetched
   records, in seconds (None when nothing was fetched);
 * ``changes``: ``revisits`` (visits after the first), ``changed`` (those
@@ -22,7 +24,7 @@ What a summary holds (the same keys for a site's ``total`` and each host):
 * ``errors``: records whose last answer was a 5xx, or that count failures
   (``extra["failures"]``);
 * ``traps``: trap records by ``extra["trap"]`` reason;
-* ``leases``: live claims (``claim_until > now``) by owner.
+* ``leases``: live claims (``claim_until >= clock``) by owner.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from vertical.policies.estimate import cho_irregular, counts
-from vertical.record import STATES, TERMINAL_STATES, TRAP, URLRecord
+from vertical.record import STATES, TRAP, URLRecord
 
 __all__ = ["format_duration", "render", "summarize"]
 
@@ -56,13 +58,12 @@ class _Tally:
     traps: Counter[str] = field(default_factory=Counter)
     leases: Counter[str] = field(default_factory=Counter)
 
-    def add(self, r: URLRecord, now: float) -> None:
+    def add(self, r: URLRecord, now: float, clock: float) -> None:
         self.records += 1
         self.states[r.state] += 1
-        if r.state not in TERMINAL_STATES:
-            for i, horizon in enumerate((now, now + HOUR, now + DAY)):
-                if r.next_fetch <= horizon:
-                    self.due[i] += 1
+        for i, horizon in enumerate((now, now + HOUR, now + DAY)):
+            if r.next_fetch <= horizon:
+                self.due[i] += 1
         if r.visits:
             self.delays.append(r.refetch_delay)
             if self.last_fetch is None or r.fetch_time > self.last_fetch:
@@ -74,7 +75,7 @@ class _Tally:
             self.errors += 1
         if r.state == TRAP:
             self.traps[str(r.extra.get("trap", "unknown"))] += 1
-        if r.claim_owner and r.claim_until > now:
+        if r.claim_owner and r.claim_until >= clock:
             self.leases[r.claim_owner] += 1
 
     def result(self) -> dict[str, Any]:
@@ -116,17 +117,19 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
-def summarize(records: Iterable[URLRecord], now: float) -> dict[str, dict[str, Any]]:
+def summarize(records: Iterable[URLRecord], now: float, clock: float | None = None) -> dict[str, dict[str, Any]]:
     """``{site: {"total": summary, "hosts": {host: summary}}}``, sites and
-    hosts sorted by name; see the module docstring for a summary's keys."""
+    hosts sorted by name; see the module docstring for a summary's keys.
+    ``clock`` is the store's clock, for leases (``now`` when not given)."""
+    clock = now if clock is None else clock
     tallies: dict[str, tuple[_Tally, dict[str, _Tally]]] = {}
     for record in records:
         total, hosts = tallies.setdefault(record.site, (_Tally(), {}))
-        total.add(record, now)
+        total.add(record, now, clock)
         host = hosts.get(record.host)
         if host is None:
             host = hosts[record.host] = _Tally()
-        host.add(record, now)
+        host.add(record, now, clock)
     return {
         site: {"total": total.result(), "hosts": {h: hosts[h].result() for h in sorted(hosts)}}
         for site, (total, hosts) in sorted(tallies.items())

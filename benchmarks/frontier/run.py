@@ -352,7 +352,7 @@ def measure(store, backend: str, path: Path | None, n: int, args: argparse.Names
     now = T0 + 365 * DAY
     batch = store.claim_due(SITE, "bench-w", now, 600.0, 256, ALL, fetched_before=T0 + 1)
     fps = [r.fingerprint for r in batch]
-    res["renew_ms"] = 1000 * timed(trace, store.renew, SITE, "bench-w", fps, now + 1200)[0]
+    res["renew_ms"] = 1000 * timed(trace, store.renew, SITE, "bench-w", fps, 1200.0)[0]
     for r in batch:
         r.visits += 1
         r.fetch_time = now

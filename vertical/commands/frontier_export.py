@@ -16,9 +16,9 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from vertical.commandline import VerticalCommand
 from vertical.frontier import Frontier, open_frontier
 from vertical.record import URLRecord
 
@@ -74,10 +74,7 @@ def report(counts: dict[str, int], where: str) -> None:
         print(f"{site}: {n} records -> {where}", file=sys.stderr)
 
 
-class Command(ScrapyCommand):
-    requires_crawler_process = False
-    default_settings = {"LOG_ENABLED": False}
-
+class Command(VerticalCommand):
     def syntax(self) -> str:
         return "[--store URI] [--site NAME ...] (--to URI | -o FILE)"
 

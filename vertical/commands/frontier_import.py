@@ -6,16 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import load_lines, open_store, read_jsonl, report
 
 
-class Command(ScrapyCommand):
-    requires_crawler_process = False
-    default_settings = {"LOG_ENABLED": False}
-
+class Command(VerticalCommand):
     def syntax(self) -> str:
         return "[--store URI] [--release] FILE|-"
 

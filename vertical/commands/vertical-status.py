@@ -2,8 +2,10 @@
 
 Per site and per host: records per state, what is due now / within an hour /
 within a day, refetch delays, estimated change rates, last fetch, errors,
-traps and live leases (see :mod:`vertical.status`). Reads the store through
-the :class:`~vertical.frontier.Frontier` interface only, so it works on every
+traps and live leases (see :mod:`vertical.status`); then the crawl processes
+the store knows of (their heartbeats, :func:`processes`): alive or not, when
+their heartbeat runs out, host, pid, lane, pages. Reads the store through the
+:class:`~vertical.frontier.Frontier` interface only, so it works on every
 backend, and never writes to it.
 
 (Scrapy names a command after its module; the hyphen makes this module
@@ -16,18 +18,50 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
-from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import open_store
-from vertical.status import render, summarize
+from vertical.status import format_duration, render, summarize
 
 
-class Command(ScrapyCommand):
-    requires_crawler_process = False
-    default_settings = {"LOG_ENABLED": False}
+def processes(store: Any, sites: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The crawl processes registered in the store, per site, by owner:
+    ``owner``, ``alive`` (its heartbeat has not run out), ``until`` (when it
+    runs out, store clock), ``info`` (what the process said of itself: host,
+    pid, started, lane, pages...). Empty for a store without heartbeats."""
+    owners = getattr(store, "owners", None)
+    if owners is None:
+        return {}
+    return {site: [{"owner": o.owner, "alive": o.alive, "until": o.until, "info": dict(o.info)}
+                   for o in owners(site)] for site in sites}
 
+
+def render_processes(found: dict[str, list[dict[str, Any]]], clock: float) -> str:
+    """The processes as aligned text, one table per site that has any."""
+    out: list[str] = []
+    for site, procs in found.items():
+        if not procs:
+            continue
+        rows = [("OWNER", "ALIVE", "HEARTBEAT", "HOST", "PID", "LANE", "PAGES", "STARTED")]
+        for p in procs:
+            info = p["info"]
+            left = p["until"] - clock
+            beat = f"valid {format_duration(left)} more" if left >= 0 else f"ran out {format_duration(-left)} ago"
+            started = info.get("started")
+            rows.append((p["owner"], "yes" if p["alive"] else "no", beat, str(info.get("host", "-")),
+                         str(info.get("pid", "-")), str(info.get("lane") or "-"), str(info.get("pages", "-")),
+                         f"{format_duration(clock - started)} ago" if isinstance(started, (int, float)) else "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        alive = sum(p["alive"] for p in procs)
+        out.append(f"crawl processes of site {site}: {alive} alive, {len(procs) - alive} not")
+        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "".join(f"{line}\n" for line in out)
+
+
+class Command(VerticalCommand):
     def syntax(self) -> str:
         return "[SITE] [--json] [--store URI]"
 
@@ -47,14 +81,18 @@ class Command(ScrapyCommand):
         now = time.time() + self.settings.getfloat("VERTICAL_TIME_OFFSET")
         uri = opts.store or self.settings["VERTICAL_STORE"]
         with open_store(uri, self.settings) as store:
+            found = processes(store, [args[0]] if args else store.sites())
+            clock = store.clock() if hasattr(store, "clock") else time.time()
             if args and args[0] not in store.sites():
                 print(f"vertical-status: no records of site {args[0]!r} in {uri}", file=sys.stderr)
                 self.exitcode = 1
                 return
-            summary = summarize(store.iter_records(args[0] if args else None), now)
+            # Leases on the store's clock, as the store judges them.
+            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock())
         if opts.json:
-            print(json.dumps({"store": uri, "now": now, "sites": summary}, indent=1))
+            print(json.dumps({"store": uri, "now": now, "sites": summary, "processes": found}, indent=1))
         elif not summary:
             print(f"{uri}: no records")
         else:
             print(render(summary, now), end="")
+            print(render_processes(found, clock), end="")

@@ -21,7 +21,7 @@ logged), in arrival order: ``t`` (time.time() on arrival), ``t_end`` (once the
 response is written; None while it is in flight), ``host`` (the address the request came to), ``port``,
 ``method``, ``path`` (with query), ``status``, ``bytes`` (body bytes sent),
 ``if_none_match``, ``if_modified_since`` (whether the request carried them),
-``user_agent``.
+``user_agent``, ``referer`` (the header's value, None without it).
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
             "if_none_match": "If-None-Match" in self.headers,
             "if_modified_since": "If-Modified-Since" in self.headers,
             "user_agent": self.headers.get("User-Agent"),
+            "referer": self.headers.get("Referer"),
             "t_end": None,
         }
         if self.server.slow_seconds:

@@ -2,7 +2,13 @@
 
 WAL mode lets readers run beside the one writer; claims take the write lock
 (``BEGIN IMMEDIATE``) so that selecting due records and stamping them with
-the owner's lease is one atomic step across processes.
+the owner's lease is one atomic step across processes. Every step that
+reads or writes a lease or a heartbeat reads the store's clock (this
+machine's ``time.time()``) once, under that lock.
+
+Besides the records (``urls``) and site state (``meta``), the file holds the
+crawl processes' heartbeats (``owners``) and their undelivered items
+(``outbox``).
 """
 
 from __future__ import annotations
@@ -11,12 +17,13 @@ import json
 import random
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vertical.frontier.base import ALL, Frontier, Lane
-from vertical.record import TERMINAL_STATES, URLRecord
+from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, check_outbox, merge_extra
+from vertical.record import PARKED_STATES, URLRecord
 
 _COLUMNS = (
     "site", "fp", "url", "host", "level", "state", "claim_owner", "claim_until",
@@ -24,7 +31,11 @@ _COLUMNS = (
     "etag", "last_modified", "visits", "changes", "priority", "docs", "extra",
 )  # fmt: skip
 
-_SCHEMA = """
+#: SQL list of the parked states (a literal: a partial index's condition and
+#: the queries that use the index must spell it the same way).
+_PARKED_SQL = "(" + ", ".join(f"'{s}'" for s in PARKED_STATES) + ")"
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS urls (
     site TEXT NOT NULL,
     fp INTEGER NOT NULL,
@@ -54,11 +65,30 @@ CREATE INDEX IF NOT EXISTS urls_due ON urls (site, next_fetch);
 -- run filters' columns ride along, so the walk skips rows without reading them.
 CREATE INDEX IF NOT EXISTS urls_priority ON urls (site, priority DESC, next_fetch, fetch_time, claim_until);
 CREATE INDEX IF NOT EXISTS urls_claims ON urls (claim_owner) WHERE claim_owner IS NOT NULL;
+-- Parked records by host, for wake() (small: parked records are few).
+CREATE INDEX IF NOT EXISTS urls_parked ON urls (site, host) WHERE state IN {_PARKED_SQL};
 CREATE TABLE IF NOT EXISTS meta (
     site TEXT NOT NULL,
     key TEXT NOT NULL,
     value TEXT,
     PRIMARY KEY (site, key)
+);
+-- Crawl processes: alive until `until` (the store's clock).
+CREATE TABLE IF NOT EXISTS owners (
+    site TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    until REAL NOT NULL,
+    info TEXT,
+    PRIMARY KEY (site, owner)
+);
+-- Items emitted and not yet delivered, by the process that emitted them.
+CREATE TABLE IF NOT EXISTS outbox (
+    site TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    fp INTEGER NOT NULL,
+    payload TEXT NOT NULL,
+    PRIMARY KEY (site, owner, id)
 );
 """
 
@@ -67,7 +97,16 @@ COUNT_DUE_CAP = 100_000
 #: Below this many due records per claimed one, scan the due index and sort;
 #: above it, walk the priority index and filter (see ``claim_due``).
 _DUE_SCAN_FACTOR = 20
-_CLAIMABLE_STATES = tuple(s for s in ("new", "fetched", "gone", "duplicate") if s not in TERMINAL_STATES)
+
+_INSERT = f"INSERT OR IGNORE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+_UPSERT = f"INSERT OR REPLACE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+# Fenced saves: the record's columns but its key, its claim dropped (release)
+# or left as stored; written only while `owner` holds the stored claim.
+_DATA_COLUMNS = tuple(c for c in _COLUMNS if c not in ("site", "fp", "claim_owner", "claim_until"))
+_FENCED = (f"UPDATE urls SET {', '.join(f'{c} = ?' for c in _DATA_COLUMNS)}{{claim}} "
+           "WHERE site = ? AND fp = ? AND claim_owner = ?")
+_FENCED_RELEASE = _FENCED.format(claim=", claim_owner = NULL, claim_until = 0")
+_FENCED_KEEP = _FENCED.format(claim="")
 
 
 def _dumps(value: dict[str, Any]) -> str | None:
@@ -85,6 +124,15 @@ def _row_to_record(row: sqlite3.Row | tuple[Any, ...]) -> URLRecord:
         http_status=http_status, etag=etag, last_modified=last_modified,
         visits=visits, changes=changes, priority=priority,
         docs=json.loads(docs) if docs else {}, extra=json.loads(extra) if extra else {},
+    )  # fmt: skip
+
+
+def _data_row(r: URLRecord) -> tuple[Any, ...]:
+    """The record's values for ``_DATA_COLUMNS``."""
+    return (
+        r.url, r.host, r.level, r.state, r.checksum, r.fetch_time, r.refetch_delay,
+        r.next_fetch, r.http_status, r.etag, r.last_modified, r.visits, r.changes,
+        r.priority, _dumps(r.docs), _dumps(r.extra),
     )  # fmt: skip
 
 
@@ -119,7 +167,8 @@ def _lane_clause(lane: Lane, now: float) -> tuple[str, list[Any]]:
         params.append(now - lane.horizon)
     parts.append("(" + " AND ".join(fetched) + ")")
     if lane.stale:
-        parts.append("(visits > 0 AND fetch_time <= ?)")
+        # Parked records come back when due, not because they are old.
+        parts.append(f"(visits > 0 AND fetch_time <= ? AND state NOT IN {_PARKED_SQL})")
         params.append(now - lane.stale)
     return "(" + " OR ".join(parts) + ")", params
 
@@ -179,50 +228,84 @@ class SQLiteFrontier(Frontier):
     def _transaction(self, immediate: bool = True) -> SQLiteFrontier._Tx:
         return self._Tx(self, immediate)
 
+    # -- the store's clock ---------------------------------------------------
+
+    def clock(self) -> float:
+        return time.time()
+
     # -- writes -------------------------------------------------------------
 
     def add(self, records: Sequence[URLRecord], *, claim_owner: str | None = None,
-            claim_until: float = 0.0) -> list[URLRecord]:
+            lease: float = 0.0) -> list[URLRecord]:
         if not records:
             return []
         inserted: list[URLRecord] = []
-        sql = f"INSERT OR IGNORE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+        ignored: list[URLRecord] = []
         with self._transaction() as db:
+            if claim_owner is not None:
+                until = self.clock() + lease
+                for record in records:
+                    record.claim_owner, record.claim_until = claim_owner, until
             for record in records:
-                if claim_owner is not None:
-                    record.claim_owner, record.claim_until = claim_owner, claim_until
-                if db.execute(sql, _record_to_row(record)).rowcount:
-                    inserted.append(record)
+                (inserted if db.execute(_INSERT, _record_to_row(record)).rowcount else ignored).append(record)
+            # Known already: the usual case is the same URL found again; a
+            # different URL under the same fingerprint would be lost silently.
+            stored: dict[tuple[str, int], str] = {}
+            for site in {r.site for r in ignored}:
+                stored.update(((site, fp), url) for fp, url in self._urls(db, site, [
+                    r.fingerprint for r in ignored if r.site == site]).items())
+        for record in ignored:
+            if stored[record.site, record.fingerprint] != record.url:
+                self._collided(record.site, record.fingerprint, stored[record.site, record.fingerprint],
+                               record.url)
         return inserted
 
-    def save(self, records: Sequence[URLRecord], *, release: bool = True) -> None:
+    def save(self, records: Sequence[URLRecord], *, release: bool = True, owner: str | None = None,
+             outbox: Mapping[int, Sequence[tuple[int, str]]] | None = None,
+             outbox_done: Iterable[int] = ()) -> list[URLRecord]:
+        done = list(outbox_done)
+        check_outbox(records, owner, outbox, done)
         if not records:
-            return
+            return []
         if release:
             self._released(records)
-        sql = f"INSERT OR REPLACE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+        if owner is None:
+            with self._transaction() as db:
+                db.executemany(_UPSERT, [_record_to_row(r) for r in records])
+            return []
+        site = records[0].site
+        sql = _FENCED_RELEASE if release else _FENCED_KEEP
+        rejected: list[URLRecord] = []
         with self._transaction() as db:
-            db.executemany(sql, [_record_to_row(r) for r in records])
+            for record in records:
+                if not db.execute(sql, (*_data_row(record), record.site, record.fingerprint, owner)).rowcount:
+                    rejected.append(record)
+                elif outbox and (rows := outbox.get(record.fingerprint)):
+                    db.executemany(
+                        "INSERT OR REPLACE INTO outbox (site, owner, id, fp, payload) VALUES (?, ?, ?, ?, ?)",
+                        [(site, owner, row_id, record.fingerprint, payload) for row_id, payload in rows],
+                    )
+            for chunk in _chunks(done):
+                db.execute(f"DELETE FROM outbox WHERE site = ? AND owner = ? AND id IN ({', '.join('?' * len(chunk))})",
+                           (site, owner, *chunk))
+        return rejected
 
     def claim_due(self, site: str, owner: str, now: float, lease: float, limit: int,
                   lane: Lane = ALL, exclude_hosts: Sequence[str] = (),
                   fetched_before: float | None = None) -> list[URLRecord]:
+        if limit <= 0:
+            return []
         lane_sql, lane_params = _lane_clause(lane, now)
-        where = [
-            "site = ?",
-            f"state IN ({', '.join('?' * len(_CLAIMABLE_STATES))})",
-            "(claim_owner IS NULL OR claim_until < ?)",
-            lane_sql,
-        ]
-        params: list[Any] = [site, *_CLAIMABLE_STATES, now, *lane_params]
+        where = ["site = ?", "(claim_owner IS NULL OR claim_until < ?)", lane_sql]
         if fetched_before is not None:
             # Within one run a URL is fetched at most once, by anyone.
             where.append("fetch_time < ?")
-            params.append(fetched_before)
+            lane_params.append(fetched_before)
         if exclude_hosts:
             where.append(f"host NOT IN ({', '.join('?' * len(exclude_hosts))})")
-            params += list(exclude_hosts)
+            lane_params += list(exclude_hosts)
         with self._transaction() as db:
+            clock = self.clock()
             # Few due records: read them all through the due index and sort.
             # Many: walk the priority index and stop after ``limit`` matches.
             due = db.execute(
@@ -234,10 +317,10 @@ class SQLiteFrontier(Frontier):
             rows = db.execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM urls INDEXED BY {index} "
                 f"WHERE {' AND '.join(where)} ORDER BY priority DESC LIMIT ?",
-                (*params, limit),
+                (site, clock, *lane_params, limit),
             ).fetchall()
             records = [_row_to_record(row) for row in rows]
-            until = now + lease
+            until = clock + lease
             db.executemany(
                 "UPDATE urls SET claim_owner = ?, claim_until = ? WHERE site = ? AND fp = ?",
                 [(owner, until, site, r.fingerprint) for r in records],
@@ -246,9 +329,10 @@ class SQLiteFrontier(Frontier):
             record.claim_owner, record.claim_until = owner, until
         return records
 
-    def renew(self, site: str, owner: str, fingerprints: Iterable[int], until: float) -> None:
+    def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> None:
         fps = list(fingerprints)
         with self._transaction() as db:
+            until = self.clock() + lease
             for chunk in _chunks(fps):
                 db.execute(
                     f"UPDATE urls SET claim_until = ? WHERE site = ? AND claim_owner = ? "
@@ -259,10 +343,7 @@ class SQLiteFrontier(Frontier):
     def release(self, site: str, owner: str, fingerprints: Iterable[int] | None = None) -> None:
         with self._transaction() as db:
             if fingerprints is None:
-                db.execute(
-                    "UPDATE urls SET claim_owner = NULL, claim_until = 0 WHERE claim_owner = ? AND site = ?",
-                    (owner, site),
-                )
+                self._release_all(db, site, owner)
                 return
             for chunk in _chunks(list(fingerprints)):
                 db.execute(
@@ -270,6 +351,13 @@ class SQLiteFrontier(Frontier):
                     f"AND claim_owner = ? AND fp IN ({', '.join('?' * len(chunk))})",
                     (site, owner, *chunk),
                 )
+
+    @staticmethod
+    def _release_all(db: sqlite3.Connection, site: str, owner: str) -> int:
+        return db.execute(
+            "UPDATE urls SET claim_owner = NULL, claim_until = 0 WHERE claim_owner = ? AND site = ?",
+            (owner, site),
+        ).rowcount
 
     def make_due(self, site: str, fingerprints: Iterable[int], now: float, min_age: float) -> None:
         """Bring records forward to ``now`` unless fetched within ``min_age``
@@ -282,10 +370,106 @@ class SQLiteFrontier(Frontier):
                     (now, site, now, now - min_age, *chunk),
                 )
 
+    def wake(self, site: str, host: str, state: str, now: float) -> int:
+        if state not in PARKED_STATES:
+            raise ValueError(f"wake: {state!r} is not a parked state {PARKED_STATES}")
+        with self._transaction() as db:
+            # The literal IN list lets SQLite use the partial index.
+            return db.execute(
+                f"UPDATE urls INDEXED BY urls_parked SET next_fetch = ? WHERE site = ? AND host = ? "
+                f"AND state IN {_PARKED_SQL} AND state = ? AND next_fetch > ?",
+                (now, site, host, state, now),
+            ).rowcount
+
+    def save_priorities(self, site: str, records: Sequence[URLRecord], extra_keys: Iterable[str] = ()) -> None:
+        keys = list(extra_keys)
+        with self._transaction() as db:
+            if not keys:
+                db.executemany("UPDATE urls SET priority = ? WHERE site = ? AND fp = ?",
+                               [(r.priority, site, r.fingerprint) for r in records])
+                return
+            # Read and write under the write lock: nobody writes in between.
+            for chunk in _chunks(records):
+                stored = dict(db.execute(
+                    f"SELECT fp, extra FROM urls WHERE site = ? AND fp IN ({', '.join('?' * len(chunk))})",
+                    (site, *(r.fingerprint for r in chunk)),
+                ).fetchall())
+                db.executemany("UPDATE urls SET priority = ?, extra = ? WHERE site = ? AND fp = ?", [
+                    (r.priority, _dumps(merge_extra(json.loads(stored[r.fingerprint] or "{}"), r.extra, keys)),
+                     site, r.fingerprint)
+                    for r in chunk if r.fingerprint in stored
+                ])
+
     def set_meta(self, site: str, key: str, value: Any) -> None:
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO meta (site, key, value) VALUES (?, ?, ?)",
                        (site, key, json.dumps(value)))
+
+    def update_meta(self, site: str, key: str, fn: Callable[[Any], Any]) -> Any:
+        with self._transaction() as db:
+            row = db.execute("SELECT value FROM meta WHERE site = ? AND key = ?", (site, key)).fetchone()
+            value = fn(json.loads(row[0]) if row else None)
+            db.execute("INSERT OR REPLACE INTO meta (site, key, value) VALUES (?, ?, ?)",
+                       (site, key, json.dumps(value)))
+        return value
+
+    # -- crawl processes and their outbox ---------------------------------------
+
+    def heartbeat(self, site: str, owner: str, ttl: float, info: Mapping[str, Any]) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO owners (site, owner, until, info) VALUES (?, ?, ?, ?)",
+                       (site, owner, self.clock() + ttl, json.dumps(dict(info))))
+
+    def forget_owner(self, site: str, owner: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM owners WHERE site = ? AND owner = ?", (site, owner))
+
+    def owners(self, site: str) -> list[OwnerInfo]:
+        rows = self._read("SELECT owner, until, info FROM owners WHERE site = ? ORDER BY owner", (site,))
+        clock = self.clock()
+        return [OwnerInfo(owner, until, json.loads(info) if info else {}, until >= clock)
+                for owner, until, info in rows]
+
+    def reap(self, site: str, dead: Iterable[str] = ()) -> list[str]:
+        named = set(dead)
+        with self._transaction() as db:
+            registered = dict(db.execute("SELECT owner, until FROM owners WHERE site = ?", (site,)).fetchall())
+            clock = self.clock()
+            reaped = {o for o, until in registered.items() if until < clock or o in named}
+            for owner in sorted(reaped | named):
+                if self._release_all(db, site, owner):
+                    reaped.add(owner)
+                db.execute("DELETE FROM owners WHERE site = ? AND owner = ?", (site, owner))
+        return sorted(reaped)
+
+    def outbox_drop(self, site: str, owner: str, row_ids: Iterable[int]) -> None:
+        with self._transaction() as db:
+            for chunk in _chunks(list(row_ids)):
+                db.execute(f"DELETE FROM outbox WHERE site = ? AND owner = ? AND id IN ({', '.join('?' * len(chunk))})",
+                           (site, owner, *chunk))
+
+    def outbox_take(self, site: str, owner: str, first_id: int) -> list[tuple[int, str]]:
+        try:
+            return self._outbox_take(site, owner, first_id)
+        except sqlite3.IntegrityError as exc:  # rolled back: nothing moved
+            raise ValueError(f"outbox_take: a row of {owner!r} from {first_id} on exists") from exc
+
+    def _outbox_take(self, site: str, owner: str, first_id: int) -> list[tuple[int, str]]:
+        with self._transaction() as db:
+            live = {o for (o,) in db.execute("SELECT owner FROM owners WHERE site = ? AND until >= ?",
+                                             (site, self.clock()))}
+            rows = [row for row in db.execute(
+                "SELECT owner, id, fp, payload FROM outbox WHERE site = ? AND owner != ? ORDER BY owner, id",
+                (site, owner)) if row[0] not in live]
+            taken = [(first_id + i, fp, payload) for i, (_, _, fp, payload) in enumerate(rows)]
+            db.executemany("DELETE FROM outbox WHERE site = ? AND owner = ? AND id = ?",
+                           [(site, o, row_id) for o, row_id, _, _ in rows])
+            db.executemany("INSERT INTO outbox (site, owner, id, fp, payload) VALUES (?, ?, ?, ?, ?)",
+                           [(site, owner, row_id, fp, payload) for row_id, fp, payload in taken])
+        return [(row_id, payload) for row_id, _, payload in taken]
+
+    def outbox_count(self, site: str) -> int:
+        return self._read("SELECT COUNT(*) FROM outbox WHERE site = ?", (site,))[0][0]
 
     # -- reads --------------------------------------------------------------
 
@@ -302,6 +486,20 @@ class SQLiteFrontier(Frontier):
             ))
         return found
 
+    @staticmethod
+    def _urls(db: sqlite3.Connection, site: str, fingerprints: Sequence[int]) -> dict[int, str]:
+        found: dict[int, str] = {}
+        for chunk in _chunks(fingerprints):
+            found.update(db.execute(
+                f"SELECT fp, url FROM urls WHERE site = ? AND fp IN ({', '.join('?' * len(chunk))})",
+                (site, *chunk),
+            ).fetchall())
+        return found
+
+    def urls(self, site: str, fingerprints: Iterable[int]) -> dict[int, str]:
+        with self._lock:
+            return self._urls(self._db, site, list(fingerprints))
+
     def get_many(self, site: str, fingerprints: Iterable[int]) -> dict[int, URLRecord]:
         found: dict[int, URLRecord] = {}
         for chunk in _chunks(list(fingerprints)):
@@ -313,44 +511,36 @@ class SQLiteFrontier(Frontier):
                 found[row[1]] = _row_to_record(row)
         return found
 
-    def save_priorities(self, site: str, records: Sequence[URLRecord]) -> None:
-        with self._transaction() as db:
-            db.executemany(
-                "UPDATE urls SET priority = ?, extra = ? WHERE site = ? AND fp = ?",
-                [(r.priority, _dumps(r.extra), site, r.fingerprint) for r in records],
-            )
-
     def next_due(self, site: str, now: float, lane: Lane = ALL,
                  fetched_before: float | None = None, exclude_hosts: Sequence[str] = ()) -> float | None:
-        lane_sql, lane_params = _lane_clause(lane, now)
+        lane_sql, params = _lane_clause(lane, now)
         extra = ""
-        params: list[Any] = [now, now, site, *_CLAIMABLE_STATES, *lane_params]
         if fetched_before is not None:
             extra = " AND fetch_time < ?"
             params.append(fetched_before)
         if exclude_hosts:
             extra += f" AND host NOT IN ({', '.join('?' * len(exclude_hosts))})"
             params += list(exclude_hosts)
+        clock = self.clock()
         # The common case first: something is claimable right now.
         # In due order, the first free one is the answer: a live lease ends
         # after now, and a free due record is due by now.
         free = self._read(
-            f"SELECT next_fetch FROM urls INDEXED BY urls_due WHERE site = ? "
-            f"AND state IN ({', '.join('?' * len(_CLAIMABLE_STATES))}) AND {lane_sql}{extra} "
+            f"SELECT next_fetch FROM urls INDEXED BY urls_due WHERE site = ? AND {lane_sql}{extra} "
             f"AND (claim_owner IS NULL OR claim_until < ?) ORDER BY next_fetch LIMIT 1",
-            [*params[2:], now],
+            [site, *params, clock],
         )
         if free:
             return min(free[0][0], now)
         # Due now: the lane clause already bounds next_fetch (a stale record
         # is claimable now whatever its next_fetch); what remains is the
-        # earliest moment a lease on one of them runs out.
+        # earliest moment a lease on one of them runs out, moved from the
+        # store's clock to the due clock.
         row = self._read(
-            f"SELECT MIN(CASE WHEN claim_owner IS NULL THEN MIN(next_fetch, ?) "
-            f"ELSE MAX(MIN(next_fetch, ?), claim_until) END) "
-            f"FROM urls INDEXED BY urls_due WHERE site = ? "
-            f"AND state IN ({', '.join('?' * len(_CLAIMABLE_STATES))}) AND {lane_sql}{extra}",
-            params,
+            f"SELECT MIN(CASE WHEN claim_owner IS NULL OR claim_until < ? THEN MIN(next_fetch, ?) "
+            f"ELSE MAX(MIN(next_fetch, ?), ? + (claim_until - ?)) END) "
+            f"FROM urls INDEXED BY urls_due WHERE site = ? AND {lane_sql}{extra}",
+            [clock, now, now, now, clock, site, *params],
         )
         return row[0][0] if row and row[0][0] is not None else None
 

@@ -78,9 +78,15 @@ class FetchSchedule(ABC):
         record.next_fetch = now + record.refetch_delay
 
     def set_failed(self, record: URLRecord, now: float) -> None:
-        """A 5xx or network failure after Scrapy's retries: try again later,
-        keep the delay (a server fault says nothing about change)."""
-        record.next_fetch = now + self.clamp(record.refetch_delay or self.initial)
+        """A failure: a 5xx or network error after Scrapy's retries, a
+        callback that raised, a pipeline that failed on one of its items.
+        Try again after a backoff that starts at ``min_delay`` and doubles
+        with each failure in a row (``record.extra["failures"]``), never past
+        the page's own refetch delay: a fault says nothing about change, and
+        a page that always fails is not fetched in a tight loop."""
+        failures = max(int(record.extra.get("failures", 1)), 1)
+        ceiling = self.clamp(record.refetch_delay or self.initial)
+        record.next_fetch = now + min(self.min_delay * 2 ** min(failures - 1, 32), ceiling)
 
     @abstractmethod
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
@@ -100,6 +106,9 @@ class PriorityPolicy(ABC):
     #: True when ``on_fetched`` uses the outlinks' records (OPIC credit): the
     #: caller then loads them, which costs a store read per page.
     wants_outlinks: bool = False
+    #: The keys of ``record.extra`` the policy writes on outlinks: only these
+    #: are merged into the stored records, so a stale read overwrites nothing else.
+    extra_keys: tuple[str, ...] = ()
 
     def __init__(self, **params: Any) -> None:
         if params:
@@ -130,3 +139,26 @@ class PriorityPolicy(ABC):
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         pass
+
+    def merge_state(self, stored: Mapping[str, Any] | None, opened: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The state to store at the end of a run, given what the store holds
+        now (``stored``: other processes may have moved it since) and what it
+        held when this run loaded it (``opened``). Counters merge by adding
+        this run's increments (:func:`merge_counters`)."""
+        return merge_counters(stored, opened, self.state())
+
+
+def merge_counters(stored: Mapping[str, Any] | None, opened: Mapping[str, Any] | None,
+                   current: Mapping[str, Any]) -> dict[str, Any]:
+    """Several processes share one policy state: each adds what its run added
+    to the numbers (``stored + current - opened``), so no run's steps are
+    lost to another's write; anything else is taken from ``current``."""
+    stored, opened = stored or {}, opened or {}
+    merged = dict(stored)
+    for key, value in current.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and isinstance(stored.get(key), (int, float)):
+            merged[key] = stored[key] + value - opened.get(key, 0)
+        else:
+            merged[key] = value
+    return merged

@@ -146,6 +146,8 @@ class OpicPriority(PriorityPolicy):
     """
 
     name = "opic"
+    wants_outlinks = True
+    extra_keys = ("cash", "g")
 
     def __init__(self, tax: float = 0.1, initial_cash: float = 1.0, **params: Any) -> None:
         super().__init__(**params)

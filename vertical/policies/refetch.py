@@ -312,6 +312,26 @@ class OptimalSchedule(FetchSchedule):
             state["population"] = list(self.population.weights)
         return state
 
+    def merge_state(self, stored: Any, opened: Any) -> dict[str, Any]:
+        """Several processes fit ``mu`` and the rates from their own samples:
+        when another process wrote its estimates since this run loaded them,
+        the stored state becomes the mean of theirs and this run's, not the
+        last writer's."""
+        current = self.state()
+        if not stored or not isinstance(stored, dict) or stored == opened:
+            return current  # nobody else wrote since this run loaded it
+        merged = dict(stored)
+        try:
+            merged["mu"] = (float(stored.get("mu", current["mu"])) + current["mu"]) / 2
+        except (TypeError, ValueError):
+            merged["mu"] = current["mu"]
+        mine, theirs = current.get("population"), stored.get("population")
+        if mine and isinstance(theirs, list) and len(theirs) == len(mine):
+            merged["population"] = [(float(a) + b) / 2 for a, b in zip(theirs, mine, strict=True)]
+        elif mine:
+            merged["population"] = mine
+        return merged
+
     def load_state(self, state: Any) -> None:
         if not state:
             return

@@ -164,6 +164,9 @@ def run_scenario(
     from vertical.sim.report import write_plots, write_table
 
     write_table(results, out / "table.md")
-    write_plots(results, series, out)
+    try:
+        write_plots(results, series, out)
+    except ModuleNotFoundError as exc:  # matplotlib: the `sim` extra
+        say(f"plots skipped ({exc.name} is not installed: pip install 'vertical[sim]')")
     say(f"done in {wall:.0f} s: {out / 'results.json'}")
     return results

@@ -1,0 +1,263 @@
+"""Politeness at the server across crawl processes that are late or die.
+
+The turns themselves (:class:`~middlewares.hostrate.HostTurns`) are checked
+on a real redis-server against Redis's own clock; the guarantee is checked
+where it matters, at a real loopback server, with real ``scrapy crawl``
+processes that are made late on purpose (:class:`LateProcess`) or killed
+while they hold a host's turn.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from scrapy import signals
+
+from middlewares.hostrate import BUSY_POLL, STATE_MARGIN, HostTurns
+from tests.crawling import kill, site_file, wait_for
+from tests.test_redis_crawl import AGENTS, CLOCK, finish, min_gap_per_host, page_requests_of, start_all
+from vertical import settings as project_settings
+from vertical.demo.server import serve
+from vertical.demo.site import DemoSite
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+
+
+# -- a late process --------------------------------------------------------------------
+
+
+class LateProcess:
+    """An extension that makes its crawl process late where lateness hurts
+    pacing most: between a request's turn at its host and its sending.
+
+    On ``request_reached_downloader`` (the turn is taken, the request is not
+    sent yet) it keeps the reactor busy for a random 0 to
+    ``HOSTRATE_TEST_LATE_MAX`` seconds, before a ``HOSTRATE_TEST_LATE_SHARE``
+    of the requests. With ``HOSTRATE_TEST_STALL_AT = n`` the n-th request
+    instead writes ``HOSTRATE_TEST_STALL_FILE`` and stalls the process until
+    it is killed. Stalls are counted in ``hostrate_test/late``.
+    """
+
+    def __init__(self, crawler) -> None:
+        settings = crawler.settings
+        self.stats = crawler.stats
+        self.late_max = settings.getfloat("HOSTRATE_TEST_LATE_MAX", 0.3)
+        self.share = settings.getfloat("HOSTRATE_TEST_LATE_SHARE", 0.5)
+        self.stall_at = settings.getint("HOSTRATE_TEST_STALL_AT", 0)
+        self.stall_file = settings.get("HOSTRATE_TEST_STALL_FILE")
+        self.random = random.Random(settings.get("USER_AGENT"))
+        self.seen = 0
+        crawler.signals.connect(self.reached, signal=signals.request_reached_downloader)
+
+    @classmethod
+    def from_crawler(cls, crawler) -> LateProcess:
+        return cls(crawler)
+
+    def reached(self, request, **kwargs) -> None:
+        self.seen += 1
+        if self.seen == self.stall_at:
+            Path(self.stall_file).write_text(request.url)
+            busy(3600)
+        elif self.random.random() < self.share:
+            self.stats.inc_value("hostrate_test/late")
+            busy(self.random.uniform(0, self.late_max))
+
+
+def busy(seconds: float) -> None:
+    """Keep the CPU, and the reactor, busy (no sleep: a loaded process)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def with_late_process(**settings) -> dict:
+    # By its full name: pytest imports this file as "test_hostrate".
+    extensions = {**project_settings.EXTENSIONS, "tests.test_hostrate.LateProcess": 0}
+    return {"EXTENSIONS": json.dumps(extensions), **settings}
+
+
+def arrivals(requests: list[dict]) -> list[float]:
+    return sorted(r["t"] for r in requests)
+
+
+# -- turns on Redis --------------------------------------------------------------------
+
+
+@pytest.fixture
+def host_turns(redis_server, redis_url):
+    """Turns on an empty database, and a client to look at their keys."""
+    client = redis_server.client(int(redis_url.rsplit("/", 1)[1]))
+    yield HostTurns(client, "test"), client
+    client.close()
+
+
+def grant_time(client, turns: HostTurns, token: str, lease: float) -> float:
+    """When Redis granted ``token`` (on its clock): its lease expiry minus the lease."""
+    return client.zscore(turns.keys("s", "h")[1], token) - lease
+
+
+def take_until_granted(turns: HostTurns, token: str, **kwargs) -> tuple[int, int]:
+    """Ask as a process does (sleep what it is told); return (refusals, expired)."""
+    refused = expired = 0
+    while True:
+        wait, cleared = turns.take("s", "h", token, **kwargs)
+        expired += cleared
+        if wait <= 0:
+            return refused, expired
+        refused += 1
+        time.sleep(wait)
+
+
+def test_with_a_delay_a_turn_starts_a_delay_after_the_previous_download_ended(host_turns):
+    turns, client = host_turns
+    delay, lease = 0.2, 30.0
+    assert turns.take("s", "h", "a", delay=delay, concurrency=4, lease=lease) == (0, 0)
+    # One at a time whatever the concurrency, and no sooner than a delay from now.
+    wait, _ = turns.take("s", "h", "b", delay=delay, concurrency=4, lease=lease)
+    assert wait >= delay
+    ended = turns.end("s", "h", "a")
+    refused, _ = take_until_granted(turns, "b", delay=delay, concurrency=4, lease=lease)
+    assert refused >= 1
+    assert grant_time(client, turns, "b", lease) >= ended + delay
+
+
+def test_without_a_delay_at_most_the_concurrency_is_in_flight(host_turns):
+    turns, _ = host_turns
+    for token in ("a", "b"):
+        assert turns.take("s", "h", token, delay=0, concurrency=2, lease=30)[0] == 0
+    assert turns.take("s", "h", "c", delay=0, concurrency=2, lease=30)[0] == BUSY_POLL
+    turns.end("s", "h", "a")
+    assert turns.take("s", "h", "c", delay=0, concurrency=2, lease=30)[0] == 0
+
+
+def test_the_larger_delay_of_two_consecutive_turns_holds(host_turns):
+    # One process has read a Crawl-delay of 0.3 s, the other not yet.
+    turns, client = host_turns
+    assert turns.take("s", "h", "a", delay=0.3, concurrency=1, lease=30)[0] == 0
+    ended = turns.end("s", "h", "a")
+    take_until_granted(turns, "b", delay=0.01, concurrency=1, lease=30)
+    assert grant_time(client, turns, "b", 30) >= ended + 0.3
+
+
+def test_a_turn_never_given_back_ends_with_its_lease(host_turns):
+    # Its process died: the others wait for the lease, then the delay.
+    turns, client = host_turns
+    delay, lease = 0.1, 0.5
+    assert turns.take("s", "h", "dead", delay=delay, concurrency=1, lease=lease)[0] == 0
+    expiry = client.zscore(turns.keys("s", "h")[1], "dead")
+    refused, expired = take_until_granted(turns, "b", delay=delay, concurrency=1, lease=lease)
+    assert refused >= 1 and expired == 1
+    assert grant_time(client, turns, "b", lease) >= expiry + delay
+    # Reported after all (a late process, not a dead one): the next turn only moves later.
+    assert turns.end("s", "h", "dead") >= expiry
+
+
+def test_a_host_state_lives_as_long_as_it_matters(host_turns):
+    turns, client = host_turns
+    state, flight, _ = turns.keys("s", "h")
+    turns.take("s", "h", "a", delay=2.0, concurrency=1, lease=30)
+    granted = grant_time(client, turns, "a", 30)
+    assert expires_at(client, flight) >= granted + 30 and expires_at(client, state) >= granted + 30
+    ended = turns.end("s", "h", "a")
+    assert not client.exists(flight)
+    # Past the delay after the end, by the margin (in whole milliseconds).
+    assert abs(expires_at(client, state) - (ended + 2.0 + STATE_MARGIN)) <= 0.002
+
+
+def expires_at(client, key: str) -> float:
+    """When ``key`` expires, on Redis's clock (seconds since the epoch)."""
+    return client.execute_command("PEXPIRETIME", key) / 1000
+
+
+# -- crawl processes at a server -------------------------------------------------------
+
+
+def test_late_processes_never_send_closer_than_the_delay(tmp_path, redis_url):
+    """Three processes, each busy for up to 300 ms between a turn and its
+    sending before half of their requests: a schedule of send times would
+    put requests closer than the delay; turns taken at sending cannot."""
+    delay = 0.2
+    with serve(DemoSite(seed=0, films=30)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 1})
+        results = finish(start_all(site, redis_url, tmp_path, settings=with_late_process(VERTICAL_CLAIM_BATCH=4)),
+                         tmp_path)
+        every = demo.requests
+    assert all(r.stat("hostrate_test/late") > 0 for r in results.values())
+    pages = page_requests_of(every)
+    by_agent = Counter(r["user_agent"] for r in pages)
+    assert all(by_agent[a] > 0 for a in AGENTS), by_agent  # they shared the host
+    assert max(Counter(r["path"] for r in pages).values()) == 1
+    gaps = min_gap_per_host(every)
+    assert gaps and all(gap >= delay - CLOCK for gap in gaps.values()), gaps
+    assert sum(r.stat("vertical/hostrate/granted") for r in results.values()) == len(every)
+
+
+def test_without_a_delay_the_concurrency_holds_across_processes(tmp_path, redis_url):
+    """Concurrency 2 and no delay; the server takes 0.1 s over each request,
+    so a third request arriving within 0.1 s of the one two before it would
+    make three in flight at the server."""
+    slow, concurrency = 0.1, 2
+    with serve(DemoSite(seed=0, films=30), slow_host=0, slow_seconds=slow) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0, "concurrency": concurrency})
+        results = finish(start_all(site, redis_url, tmp_path, settings={"VERTICAL_CLAIM_BATCH": 4}), tmp_path)
+        every = demo.requests
+    assert all(r.stat("vertical/hostrate/granted") > 0 for r in results.values())
+    t = arrivals(every)
+    # Each request is in flight from before it arrives until after its response
+    # is written, which is at least `slow` after its arrival.
+    assert min(b - a for a, b in zip(t, t[concurrency:])) >= slow - CLOCK
+    assert min(b - a for a, b in zip(t, t[1:])) < slow  # and the concurrency was used
+
+
+def test_a_process_killed_in_its_turn_holds_the_host_until_it_is_known_dead(tmp_path, redis_url):
+    """The victim stalls between its turn and the sending, and is killed
+    there: its request never goes; its turn ends once the others find it dead
+    (its pid is gone: the frontier reaps it), not only after its lease
+    (download timeout + margin), and nobody sends closer than the delay."""
+    delay, timeout = 0.1, 600.0  # a lease of 605 s: the survivors finish only if the turn is cleared sooner
+    stall_file = tmp_path / "stalled"
+    with serve(DemoSite(seed=0, films=30)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 1})
+        common = {"VERTICAL_LEASE": 4, "VERTICAL_CLAIM_BATCH": 4, "DOWNLOAD_TIMEOUT": timeout}
+        victim = AGENTS[0]
+        procs = start_all(site, redis_url, tmp_path, agents=AGENTS[1:], settings=common)
+        procs[victim] = start_all(site, redis_url, tmp_path, agents=[victim], settings=with_late_process(
+            HOSTRATE_TEST_LATE_SHARE=0, HOSTRATE_TEST_STALL_AT=6, HOSTRATE_TEST_STALL_FILE=stall_file,
+            **common))[victim]
+        wait_for(lambda: stall_file.exists() or procs[victim].poll() is not None, timeout=120)
+        assert stall_file.exists(), (tmp_path / f"crawl{victim}.log").read_text()[-3000:]
+        stalled_at = time.time()  # after the victim's grant
+        kill(procs.pop(victim))
+        results = finish(procs, tmp_path)
+        every = demo.requests
+        truth = demo.site.truth()
+    assert set(truth) <= {r["path"] for r in every}
+    assert stall_file.read_text() not in {demo.url + r["path"] for r in every if r["user_agent"] == victim}
+    # The victim's turn was cleared by a survivor, which had reaped it.
+    assert sum(r.stat("vertical/hostrate/expired") for r in results.values()) >= 1
+    assert sum(r.stat("vertical/owners/reaped") for r in results.values()) >= 1
+    before = [t for t in arrivals(every) if t < stalled_at]
+    after = [t for t in arrivals(every) if t > stalled_at]
+    # The survivors finished the site (within finish()'s timeout, far below the lease).
+    assert before and after and after[0] - before[-1] >= delay - CLOCK
+    gaps = min_gap_per_host(every)
+    assert all(gap >= delay - CLOCK for gap in gaps.values()), gaps
+
+
+def test_a_crawl_delay_read_by_each_process_paces_them_all(tmp_path, redis_url):
+    """robots.txt asks for 0.25 s, more than the site's 0.02 s delay: every
+    page request arrives at least 0.25 s after the request before it."""
+    crawl_delay = 0.25
+    with serve(DemoSite(seed=0, films=10, crawl_delay=crawl_delay)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.02, "concurrency": 1})
+        finish(start_all(site, redis_url, tmp_path, agents=AGENTS[:2], settings={"VERTICAL_CLAIM_BATCH": 4}),
+               tmp_path)
+        every = demo.requests
+    gaps = [b["t"] - a["t"] for a, b in zip(every, every[1:]) if b["path"] != "/robots.txt"]
+    assert len(gaps) > 10 and min(gaps) >= crawl_delay - CLOCK, gaps

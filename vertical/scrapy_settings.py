@@ -1,0 +1,91 @@
+"""Scrapy settings a user may already have, and what vertical does with them.
+
+vertical replaces Scrapy's scheduler (with the frontier), its per-host pacing
+(with the site's politeness, robots.txt ``Crawl-delay`` and, on Redis, a rate
+shared by all processes) and its link following (links go to the frontier,
+not through the spider middlewares). Scrapy settings that act on those
+would either fight vertical or do nothing without a word, so each one here
+works or stops the run before any request, with one line that says why and
+what to use instead (:func:`check`, called by the spider's ``from_crawler``
+and, for its one-line message, by ``scrapy crawl``):
+
+=============================  ===================================================
+``AUTOTHROTTLE_ENABLED``       refused: it rewrites the download slots' delays
+                               that politeness and ``Crawl-delay`` set (and that
+                               the shared host rate zeroes): tune
+                               ``politeness: {delay, concurrency}`` instead
+``CONCURRENT_REQUESTS_PER_IP``  refused: slots would be keyed by IP while the
+                               frontier serves and limits hosts
+``DEPTH_LIMIT``                refused: links bypass Scrapy's depth middleware;
+                               ``follow.max_depth`` limits the link distance
+``SCHEDULER``                  refused unless a :class:`FrontierScheduler`
+``JOBDIR``                     works: the crawl's state is its frontier, so a
+                               relative SQLite ``VERTICAL_STORE`` not given on
+                               the command line goes into JOBDIR
+                               (:func:`apply_jobdir`); Redis or absolute stores
+                               are used as they are
+``CLOSESPIDER_*``              work as in Scrapy (the crawl closes early; what was
+                               not committed is fetched by the next run); the
+                               spider's ``pages``/``seconds`` budgets end a run
+                               gently instead, letting pages in flight finish
+=============================  ===================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.misc import load_object
+
+from vertical.config import ConfigError
+
+__all__ = ["SETTINGS_FILE", "apply_jobdir", "check"]
+
+#: The "file" named by a :class:`ConfigError` about a Scrapy setting.
+SETTINGS_FILE = "<settings>"
+
+
+def check(settings: Any) -> None:
+    """Raise :class:`~vertical.config.ConfigError` (``<settings>: NAME:
+    why``) for the first Scrapy setting vertical cannot honour."""
+    if settings.getbool("AUTOTHROTTLE_ENABLED"):
+        _refuse("AUTOTHROTTLE_ENABLED", "vertical paces each host itself (the site's politeness.delay, raised "
+                "by robots.txt Crawl-delay, shared by all processes of a Redis store), and AutoThrottle would "
+                "rewrite those delays: unset it and tune politeness: {delay, concurrency} in the site config")
+    if settings.getint("CONCURRENT_REQUESTS_PER_IP"):
+        _refuse("CONCURRENT_REQUESTS_PER_IP", "the frontier serves and limits hosts, not IP addresses: unset it "
+                "and set politeness.concurrency (requests at once per host) in the site config")
+    if settings.getint("DEPTH_LIMIT"):
+        _refuse("DEPTH_LIMIT", "links go to the frontier, not through Scrapy's depth middleware: unset it and "
+                "set follow.max_depth in the site config")
+    from vertical.scheduler import FrontierScheduler
+
+    scheduler = settings.get("SCHEDULER")
+    cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
+    # Not issubclass(): BaseScheduler's metaclass takes any class with a
+    # scheduler's methods for a subclass.
+    if FrontierScheduler not in getattr(cls, "__mro__", ()):
+        _refuse("SCHEDULER", f"{scheduler!r}: the vertical spider needs vertical.scheduler.FrontierScheduler "
+                "(or a subclass), which reads its URLs from the frontier")
+
+
+def apply_jobdir(settings: Any) -> str | None:
+    """With ``JOBDIR``, keep the frontier there: a relative SQLite
+    ``VERTICAL_STORE`` that was not set on the command line (or by the
+    spider) becomes ``JOBDIR/frontier.sqlite3``. Returns the new store URI,
+    or None when nothing changed."""
+    jobdir = settings.get("JOBDIR")
+    store = settings.get("VERTICAL_STORE") or ""
+    if not jobdir or (settings.getpriority("VERTICAL_STORE") or 0) >= SETTINGS_PRIORITIES["spider"]:
+        return None
+    if not store.startswith("sqlite:///") or store.startswith("sqlite:////"):
+        return None  # Redis, or an absolute path: the store is where it was asked to be
+    uri = f"sqlite:///{(Path(jobdir) / 'frontier.sqlite3').resolve()}"
+    settings.set("VERTICAL_STORE", uri, priority="spider")
+    return uri
+
+
+def _refuse(name: str, why: str) -> None:
+    raise ConfigError(SETTINGS_FILE, name, why)
