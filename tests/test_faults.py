@@ -122,6 +122,16 @@ class Run:
         times = [self.started + startup, *(h.t for h in self.hits()), self.ended]
         return max(0.0, *(b - a for a, b in zip(times, times[1:])))
 
+    def first_request(self) -> float | None:
+        """Seconds from the start to its first page request."""
+        hits = self.hits()
+        return hits[0].t - self.started if hits else None
+
+    def closing(self) -> float:
+        """Seconds from its last page request (or its start) to its end."""
+        hits = self.hits()
+        return self.ended - (hits[-1].t if hits else self.started)
+
     def documents(self) -> Counter[DocId]:
         return Counter(doc_id(item) for item in self.items)
 
@@ -222,6 +232,7 @@ class Reference:
     page_times: list[float]  # arrival of each page request, seconds after the spawn
     documents: Counter[DocId]
     pages: Counter[str]
+    closing: float  # from the last page request to the exit
 
     @property
     def resume(self) -> float:
@@ -320,7 +331,8 @@ def reference(corpus: Corpus, tmp_path_factory: pytest.TempPathFactory) -> Refer
     run = launch(corpus, corpus.site(work), work / "frontier.sqlite3", work, "").wait(Patience(total=600))
     assert run.ended_by_itself, run.log[-3000:]
     hits = run.hits()
-    return Reference(run.duration, [h.t - run.started for h in hits], run.documents(), fetches(hits))
+    return Reference(run.duration, [h.t - run.started for h in hits], run.documents(), fetches(hits),
+                     run.closing())
 
 
 @pytest.fixture
@@ -335,7 +347,8 @@ def test_uninterrupted_crawl_emits_every_document_once(corpus: Corpus, reference
     emits every document of the site once."""
     found = Findings("uninterrupted")
     found.note(corpus=corpus.name, pages=len(corpus.pages), documents=len(corpus.documents),
-               seconds=round(reference.duration, 2), first_request=round(reference.page_times[0], 2))
+               seconds=round(reference.duration, 2), first_request=round(reference.page_times[0], 2),
+               closing=round(reference.closing, 2))
     found.check(set(reference.pages) == corpus.pages,
                 f"pages fetched != the site's: {sample(set(reference.pages) ^ corpus.pages)}")
     found.check(max(reference.pages.values()) == 1, "a page was fetched twice")
@@ -370,9 +383,11 @@ class Trial:
 
     def row(self, patience: Patience) -> str:
         restart = self.restart
+        first = restart.first_request()
         return (f"{self.moment:5.2f}s {self.where:>14} killed={'yes' if self.killed.killed else 'NO '} "
                 f"items={len(self.killed.items):5} torn={self.killed.torn} "
-                f"restart={restart.duration:5.1f}s silence={restart.longest_silence(patience.startup):4.1f}s"
+                f"restart={restart.duration:5.1f}s (first request {'-' if first is None else f'{first:.1f}s'}, "
+                f"closing {restart.closing():.1f}s) silence={restart.longest_silence(patience.startup):4.1f}s"
                 f"{' STOPPED' if restart.stopped else '        '} "
                 f"swept={len(self.sweep.items) if self.sweep else '-':>5} lost={len(self.lost)} "
                 f"lost-unswept={len(self.lost_unswept)} dup={self.duplicates} "
@@ -518,6 +533,12 @@ def test_restart_after_sigkill_resumes_within_a_heartbeat(kill_trials: list[Tria
                restart_delay_max=round(max(r.duration for r in restarts) - reference.duration, 2),
                over_the_issue_bound=sum(r.duration > reference.resume for r in restarts),
                longest_silence=[round(r.longest_silence(patience.startup), 2) for r in restarts],
+               # Where the silences are: before the first request (the
+               # uninterrupted crawl's came after its first_request_reference
+               # seconds), and after the last one.
+               first_request=[None if (f := r.first_request()) is None else round(f, 2) for r in restarts],
+               first_request_reference=round(reference.page_times[0], 2),
+               closing=[round(r.closing(), 2) for r in restarts],
                stopped=sum(bool(r.stopped) for r in restarts))
     for i, trial in enumerate(kill_trials):
         found.check(trial.restart.ended_by_itself, f"trial {i} ({trial.where}): {trial.restart.verdict(patience)}")
@@ -548,8 +569,9 @@ def shared_site(corpus: Corpus, workdir: Path) -> Path:
     seconds at the host's one rate (shared by all processes through Redis): at
     full speed the first process to start up could take the whole site before
     the others have started."""
-    # The host's rate adds a margin to every delay across processes.
-    delay = max(SHARED_CRAWL / len(corpus.pages) - project.VERTICAL_HOST_RATE_MARGIN, 0.01)
+    # Where the host's rate adds a margin to every delay, count it in.
+    margin = getattr(project, "VERTICAL_HOST_RATE_MARGIN", 0.0)
+    delay = max(SHARED_CRAWL / len(corpus.pages) - margin, 0.01)
     return corpus.site(workdir, politeness={"delay": delay, "concurrency": 1})
 
 
