@@ -99,6 +99,7 @@ class Run:
     torn: int = 0  # lines of its items file that are not JSON (a write cut short)
     stats: dict[str, Any] = field(default_factory=dict)
     log: str = ""
+    requests: list[Hit] | None = None  # its page requests, kept once it has ended
 
     @property
     def duration(self) -> float:
@@ -113,7 +114,10 @@ class Run:
         return not self.stopped and self.proc.returncode == 0
 
     def hits(self) -> list[Hit]:
-        """Its page requests, as the server saw them arrive."""
+        """Its page requests, as the server saw them arrive (kept at its end:
+        the watch is cleared between trials)."""
+        if self.requests is not None:
+            return self.requests
         return self.watch.hits(self.agent, since=self.started, until=self.ended or float("inf"))
 
     def longest_silence(self, startup: float = 0.0) -> float:
@@ -164,6 +168,7 @@ class Run:
                 self.proc.kill()
                 self.proc.communicate()
         self.ended = time.monotonic()
+        self.requests = self.hits()
         self._collect()
         return True
 
