@@ -8,9 +8,10 @@ prompt resume (3), every crawl ends (5).
 
 The site is the Python docs from ``../shared/corpora`` (67 library pages,
 1604 API entries) or, without them, the generated demo site (191 pages, 240
-documents; ``VERTICAL_FAULTS_CORPUS=demo`` forces it). Which documents a complete crawl emits is read from the site
-itself; ``test_uninterrupted_crawl_emits_every_document_once`` checks the
-crawler against it before anything is broken.
+documents; ``VERTICAL_FAULTS_CORPUS=demo`` forces it). Which documents a
+complete crawl emits is read from the site itself;
+``test_uninterrupted_crawl_emits_every_document_once`` checks the crawler
+against it before anything is broken.
 
 Time. One uninterrupted crawl is measured first (:class:`Reference`). The
 issue bounds a restart by that duration plus one heartbeat (HEARTBEAT,
