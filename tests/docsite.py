@@ -8,6 +8,8 @@ Two corpora, one interface (:class:`Corpus`):
 * on a machine without the corpora, the generated demo site
   (:mod:`vertical.demo`), one record per film page and per film of a year page.
 
+``VERTICAL_FAULTS_CORPUS=demo`` chooses the demo site even where the corpora are.
+
 Either one knows from its own pages, not from a crawl, which pages a complete
 crawl fetches and which documents it emits. Its server logs every request as it
 arrives and can act at a chosen moment of a crawl: when the n-th page request
@@ -18,6 +20,7 @@ the machine.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -42,7 +45,7 @@ CORPORA = REPO.parent / "shared" / "corpora"
 PYDOCS_DEB = CORPORA / "python3.11-doc_3.11.2-6+deb12u8_all.deb"
 PYDOCS_HTML = Path("usr/share/doc/python3.11/html")
 PYDOCS_CONFIG = REPO / "tests" / "data" / "sites" / "pydocs-library.yaml"
-DEMO_FILMS = 300  # about as long a crawl as the docs subset: ~380 pages, 600 documents
+DEMO_FILMS = 120  # 191 pages, 240 documents: a crawl about as long as the docs subset's
 
 #: A document: (path of its page, its key). One-record pages are keyed by
 #: their URL; the path stands for it, so that the port does not matter.
@@ -115,6 +118,11 @@ class Watch:
             return [h for h in self._hits
                     if h.page and since <= h.t < until and (agent is None or h.agent == agent)]
 
+    def disarm(self) -> None:
+        """Drop the actions not yet run."""
+        with self._lock:
+            self._actions = {}
+
     def clear(self) -> None:
         """Forget the log, the counts and the actions not yet run."""
         with self._lock:
@@ -149,7 +157,7 @@ class Corpus:
 @contextmanager
 def open_corpus(workdir: Path) -> Iterator[Corpus]:
     """Serve the Python docs when ``../shared/corpora`` has them, the demo site otherwise."""
-    if pydocs_available():
+    if pydocs_available() and os.environ.get("VERTICAL_FAULTS_CORPUS") != "demo":
         with _pydocs(workdir) as corpus:
             yield corpus
     else:
