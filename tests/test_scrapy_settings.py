@@ -118,7 +118,9 @@ def test_closespider_ends_the_run_and_the_next_one_goes_on(name, value, reason, 
     store = tmp_path / "f.sqlite3"
     first = crawl(site, store, tmp_path, tag="1", settings={name: value})
     assert first.stats["finish_reason"] == reason
-    assert 0 < len(films(first.items)) < len(truth_films(demo))
+    # Stopped in the middle: something emitted (a film or a year page's
+    # records, depending on the order), not every film.
+    assert first.items and len(films(first.items)) < len(truth_films(demo))
     second = crawl(site, store, tmp_path, tag="2")
     assert second.stats["finish_reason"] == "finished"
     assert films(first.items) | films(second.items) == truth_films(demo)

@@ -77,9 +77,12 @@ def test_a_minimal_config_crawls_the_wild_site_to_its_end(tmp_path):
     assert kinds["soft404"] <= 2 + 3
     assert kinds["relative"] <= 1 + 3
 
-    # Every guard that fired is named, and no other.
+    # Every guard that fired is named: the two that end these traps, and at
+    # most the URL-shape guards, which may see a long faceted URL first,
+    # depending on the order the crawl took; never a response guard.
     fired = {k.removeprefix("vertical/trap/") for k in result.stats if k.startswith("vertical/trap/")}
-    assert fired == {"barren_chain", "url_family"}
+    url_shape = {"url_length", "path_segments", "repeated_segment", "query_params"}
+    assert {"barren_chain", "url_family"} <= fired <= {"barren_chain", "url_family", *url_shape}
     assert result.stat("vertical/duplicate/exact") >= 3 + 3  # soft 404s, manual folders
     # Documents share a template: near duplicates, flagged, and all emitted.
     assert result.stat("vertical/duplicate/near") > 0

@@ -83,7 +83,9 @@ class CrawlProgress:
         scheduler = self.crawler.engine.scheduler if self.crawler.engine else None
         queued = len(scheduler) if scheduler is not None else 0
         stored = store_due(scheduler)
-        backlog = queued + (stored or 0)
+        # The store's count includes the records this process has queued
+        # (they stay due until fetched): the backlog is the larger of the two.
+        backlog = max(queued, stored or 0)
         stats = self.crawler.stats
         counts = ", ".join(f"{key} {stats.get_value(f'vertical/{key}', 0)}" for key in COUNTS)
         if stored is None:
