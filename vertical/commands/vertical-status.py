@@ -88,7 +88,8 @@ class Command(VerticalCommand):
                 self.exitcode = 1
                 return
             # Leases on the store's clock, as the store judges them.
-            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock())
+            budgets = {site: store.get_meta(site, "budget") for site in ([args[0]] if args else store.sites())}
+            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock(), budgets)
         if opts.json:
             print(json.dumps({"store": uri, "now": now, "sites": summary, "processes": found}, indent=1))
         elif not summary:
