@@ -244,6 +244,9 @@ class SiteConfig:
     lanes: LanesConfig = LanesConfig()
     traps: TrapConfig = TrapConfig()
     duplicates: DuplicateConfig = DuplicateConfig()
+    #: Sitemaps (or sitemap indexes, gzipped or not) read at the start of every
+    #: run, besides those robots.txt names.
+    sitemaps: tuple[str, ...] = ()
 
     def document_rule(self, name: str) -> DocumentRule:
         """The document rule called *name* (KeyError if there is none)."""
@@ -369,6 +372,7 @@ _TOP_KEYS = (
     "lanes",
     "traps",
     "duplicates",
+    "sitemaps",
 )
 _MISSING = object()
 
@@ -542,7 +546,19 @@ class _SiteParser:
             lanes=self.lanes(data),
             traps=self.traps(data),
             duplicates=self.duplicates(data),
+            sitemaps=self.sitemaps(data.get("sitemaps"), domains),
         )
+
+    def sitemaps(self, value: Any, domains: tuple[str, ...]) -> tuple[str, ...]:
+        urls = self.strings(value, "sitemaps")
+        for i, url in enumerate(urls):
+            path = _join("sitemaps", i) if isinstance(value, list) else "sitemaps"
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                self.fail(path, f"{url!r} is not an absolute http(s) URL")
+            if not host_allowed(parts.hostname, domains):
+                self.fail(path, f"{url!r} is outside allowed_domains ({', '.join(domains)})")
+        return urls
 
     def start_urls(self, value: Any) -> tuple[str, ...]:
         urls = self.strings(value, "start_urls")

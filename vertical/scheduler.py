@@ -358,6 +358,28 @@ class FrontierScheduler(BaseScheduler):
         for url in urls:
             self._discover(url, level, parent, False)
 
+    def sitemap_entries(self, entries: Iterable[tuple[str, float | None]]) -> int:
+        """URLs a sitemap lists (canonical), each with its ``<lastmod>`` as a
+        timestamp or None. New URLs are discovered at level 1 (announced, as
+        a link from an entry page would be: the seen test and the trap guards
+        apply). A known page whose lastmod is after its last fetch has changed
+        since: it is due now. One whose lastmod did not move keeps its
+        ``next_fetch``: the schedule decides, the sitemap never brings it
+        sooner. Returns how many known pages were brought forward."""
+        lastmods: dict[int, float] = {}
+        for url, lastmod in entries:
+            self._discover(url, 1, None, False)
+            if lastmod is not None:
+                lastmods[fingerprint(url)] = lastmod
+        known = self.frontier.get_many(self.site.name, lastmods) if lastmods else {}
+        moved = [fp for fp, r in known.items() if r.visits and r.fetch_time < lastmods[fp]]
+        if moved:
+            self.frontier.make_due(self.site.name, moved, self.now(), 0.0)
+            self._next_poll = 0.0
+        self.stats.inc_value("vertical/sitemap/urls", len(lastmods))
+        self.stats.inc_value("vertical/sitemap/lastmod_moved", len(moved))
+        return len(moved)
+
     def _discover(self, url: str, level: int, parent: URLRecord | None, seed: bool) -> None:
         fp = fingerprint(url)
         seen = self._discovered.get(fp)
