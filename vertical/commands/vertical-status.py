@@ -2,7 +2,8 @@
 
 Per site and per host: records per state, what is due now / within an hour /
 within a day, refetch delays, estimated change rates, last fetch, errors,
-traps and live leases (see :mod:`vertical.status`); then the crawl processes
+traps and live leases (see :mod:`vertical.status`), the fetches of the last
+24 hours against the site's budget; then the crawl processes
 the store knows of (their heartbeats, :func:`processes`): alive or not, when
 their heartbeat runs out, host, pid, lane, pages. Reads the store through the
 :class:`~vertical.frontier.Frontier` interface only, so it works on every

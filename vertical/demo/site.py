@@ -18,7 +18,11 @@ Pages (``host`` is ignored; every link is root-relative)::
     /about              links to /private/secret
     /private/secret     disallowed by robots.txt
     /robots.txt         User-agent: * / Disallow: /private/ / Disallow: /_demo/
-                        (+ Crawl-delay when ``crawl_delay`` is set)
+                        (+ Crawl-delay when ``crawl_delay`` is set,
+                        + Sitemap: /sitemap.xml when ``sitemap`` is set)
+    /sitemap.xml        (``sitemap=True`` only) an index of /sitemap-films.xml.gz
+                        (every live film, gzipped) and /sitemap-years.xml; each
+                        URL's <lastmod> is the date its <main> last changed
 
 Content sits in ``<main>``; ``<nav>`` (Home, Catalogue, About) and ``<footer>``
 ("generated at step N" and a rotating ad) are outside it, so every page's bytes
@@ -55,9 +59,10 @@ regexes yield them, ``cast`` a list).
 
 Conditional requests (``etags=True``): every 200 carries ``ETag`` (a hash of the
 body, so it changes at every step because of the footer) and ``Last-Modified``
-(midnight UTC of 2024-01-01 plus one day per step, taken at the step at which
-the page's ``<main>`` content last changed). ``If-None-Match`` is honoured first;
-only without it is ``If-Modified-Since`` compared. A match gives 304 with no body.
+(``epoch``, by default midnight UTC of 2024-01-01, plus one day per step, taken
+at the step at which the page's ``<main>`` content last changed).
+``If-None-Match`` is honoured first; only without it is ``If-Modified-Since``
+compared. A match gives 304 with no body.
 So within one step both validators give 304; across steps only
 ``If-Modified-Since`` can, and only for pages whose content did not change.
 
