@@ -13,9 +13,9 @@ compiled, XPaths and CSS selectors are known to compile, lists are tuples.
 from __future__ import annotations
 
 import difflib
-import math
 import importlib
 import importlib.resources
+import math
 import os
 import re
 from collections.abc import Callable, Iterable

@@ -365,18 +365,22 @@ class FrontierScheduler(BaseScheduler):
         apply). A known page whose lastmod is after its last fetch has changed
         since: it is due now. One whose lastmod did not move keeps its
         ``next_fetch``: the schedule decides, the sitemap never brings it
-        sooner. Returns how many known pages were brought forward."""
+        sooner. A lastmod later than now (a skewed clock) says nothing: taken
+        at its word it would make the page due at every reading. Returns how
+        many known pages were brought forward."""
+        entries = list(entries)
         lastmods: dict[int, float] = {}
+        now = self.now()
         for url, lastmod in entries:
             self._discover(url, 1, None, False)
-            if lastmod is not None:
+            if lastmod is not None and lastmod <= now:
                 lastmods[fingerprint(url)] = lastmod
         known = self.frontier.get_many(self.site.name, lastmods) if lastmods else {}
         moved = [fp for fp, r in known.items() if r.visits and r.fetch_time < lastmods[fp]]
         if moved:
-            self.frontier.make_due(self.site.name, moved, self.now(), 0.0)
+            self.frontier.make_due(self.site.name, moved, now, 0.0)
             self._next_poll = 0.0
-        self.stats.inc_value("vertical/sitemap/urls", len(lastmods))
+        self.stats.inc_value("vertical/sitemap/urls", len(entries))
         self.stats.inc_value("vertical/sitemap/lastmod_moved", len(moved))
         return len(moved)
 
