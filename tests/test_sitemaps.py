@@ -112,3 +112,24 @@ def test_sitemap_lastmod_drives_the_due_set(tmp_path):
         assert len(requested) == len(set(requested))
         assert second.stat("vertical/sitemap/lastmod_moved") == len(moved) + len(years_moved)
         assert "Warning" not in second.stderr
+
+
+def test_sitemap_from_the_config_brings_pages_no_link_reaches(tmp_path):
+    """The crawl starts on /about, which links no film: every film and year
+    page comes from the sitemap the config names (robots.txt names the same
+    one: each sitemap is fetched once), through the frontier's discover path."""
+    demo = DemoSite(seed=0, sitemap=True)
+    with serve(demo) as server:
+        base = server.url.rstrip("/")
+        site = site_file(tmp_path, server.url, start_urls=[base + "/about"], sitemaps=[base + "/sitemap.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+        paths = [r["path"] for r in server.requests]
+    assert paths.count("/") == 0  # not reached: no page links home, only the nav bar
+    films = {f"/film/{f.id}" for f in demo.films(0)}
+    years = {f"/year/{y}" for y in demo.years(0)}
+    assert films | years <= set(paths)
+    for sitemap in ("/sitemap.xml", "/sitemap-films.xml.gz", "/sitemap-years.xml"):
+        assert paths.count(sitemap) == 1, sitemap
+    assert result.stat("vertical/sitemap/urls") == len(films) + len(years)
+    stored = records(tmp_path / "f.sqlite3")
+    assert {stored[p].level for p in films} == {1}
