@@ -22,7 +22,9 @@ Pages (``host`` is ignored; every link is root-relative)::
                         + Sitemap: /sitemap.xml when ``sitemap`` is set)
     /sitemap.xml        (``sitemap=True`` only) an index of /sitemap-films.xml.gz
                         (every live film, gzipped) and /sitemap-years.xml; each
-                        URL's <lastmod> is the date its <main> last changed
+                        URL's <lastmod> is the date its <main> last changed;
+                        <loc>s are root-relative, like every link here (the
+                        protocol asks for absolute ones; crawlers resolve both)
 
 Content sits in ``<main>``; ``<nav>`` (Home, Catalogue, About) and ``<footer>``
 ("generated at step N" and a rotating ad) are outside it, so every page's bytes
