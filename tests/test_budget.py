@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.crawling import REPO, site_file, start_crawl, wait_for
+from tests.crawling import REPO, crawl, site_file, start_crawl, wait_for
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
@@ -117,3 +117,12 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     assert f"of a budget of {per_day:g} a day" in text
+
+
+def test_a_budget_above_politeness_is_capped_and_said(tmp_path):
+    with serve(DemoSite(seed=0)) as server:
+        site = site_file(tmp_path, server.url, politeness={"delay": 1.0, "concurrency": 1},
+                         refetch={"budget": "1000000/d"})
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"pages": 1})
+    assert result.stats["vertical/budget/per_day"] == DAY  # one a second
+    assert "more than its politeness allows" in result.log
