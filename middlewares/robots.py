@@ -19,7 +19,9 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
 - a frontier URL that robots.txt disallows is recorded as ``forbidden``,
   counted in ``vertical/robots/forbidden``, and parked until the host's
   robots.txt is due again (``VERTICAL_ROBOTS_TTL``): then it is looked at
-  anew, so a rule that was lifted lets it be fetched.
+  anew, so a rule that was lifted lets it be fetched;
+- its ``Sitemap:`` lines (on a 200 answer) go to the spider's
+  ``sitemaps_found``, which fetches them (once a run).
 
 A request this middleware ignores with a frontier record is settled through
 the commit (``page_parked``) and ignored *without* the record in its meta,
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.sitemap import sitemap_urls_from_robots
 from twisted.internet.defer import Deferred
 
 from vertical.commit import FrontierCommit
@@ -126,6 +129,8 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         rp = robots_parsers(self)[netloc]
         if rp is not None:
             self._apply_crawl_delay(rp, request)
+        if status == 200 and (found := getattr(self.crawler.spider, "sitemaps_found", None)):
+            found(sitemap_urls_from_robots(response.body, base_url=response.url))
         if netloc in self._refreshing and netloc not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.
             self._refreshing.discard(netloc)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -38,6 +38,7 @@ from vertical.extract import Record, extract_links, extract_records, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
+from vertical.sitemaps import read_sitemap, sitemap_body, sitemap_wanted
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class VerticalSpider(Spider):
         self.seconds = float(seconds or 0)
         self.site: SiteConfig
         self._referer: RefererMiddleware | None = None
+        self._sitemaps: set[str] = set()  # sitemap URLs requested this run
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
@@ -150,6 +152,58 @@ class VerticalSpider(Spider):
         for url in self.site.start_urls:
             yield Request(canonicalize(url, self.site.traps.strip_params),
                           meta={META_LEVEL: 0, META_SEED: True})
+        for url in self.site.sitemaps:
+            if request := self._sitemap_request(url):
+                yield request
+
+    # -- sitemaps ---------------------------------------------------------------
+
+    def sitemaps_found(self, urls: Iterable[str]) -> None:
+        """Sitemaps named elsewhere (robots.txt): fetched now, each once a run."""
+        engine = self.crawler.engine
+        for url in urls:
+            if sitemap_wanted(self.site, url, page=False) and (request := self._sitemap_request(url)):
+                engine.crawl(request)  # type: ignore[union-attr]
+
+    def _sitemap_request(self, url: str) -> Request | None:
+        if url in self._sitemaps:
+            return None
+        self._sitemaps.add(url)
+        # Direct: served before frontier URLs, never stored; the entries are.
+        return Request(url, callback=self.parse_sitemap, errback=self._sitemap_failed,
+                       meta={META_DIRECT: True}, dont_filter=True)
+
+    def parse_sitemap(self, response: Response) -> Iterator[Any]:
+        """A sitemap index: its sitemaps are fetched. A sitemap: its pages go
+        to the frontier with their lastmod (see
+        :meth:`~vertical.scheduler.FrontierScheduler.sitemap_entries`)."""
+        stats = self.crawler.stats
+        body = sitemap_body(response, self.crawler.settings.getint("DOWNLOAD_MAXSIZE")) \
+            if response.status == 200 else None
+        kind, entries = read_sitemap(body, response.url) if body is not None else ("", [])
+        if not kind:
+            logger.warning("Not a sitemap (HTTP %d): %s", response.status, response.url)
+            stats.inc_value("vertical/sitemap/unreadable")
+            return
+        stats.inc_value(f"vertical/sitemap/{kind}")
+        if kind == "sitemapindex":
+            for url, _ in entries:
+                if sitemap_wanted(self.site, url, page=False) and (request := self._sitemap_request(url)):
+                    yield request
+            return
+        strip = self.site.traps.strip_params
+        pages = []
+        for url, lastmod in entries:
+            if sitemap_wanted(self.site, url, page=True):
+                try:
+                    pages.append((canonicalize(url, strip), lastmod))
+                except ValueError:
+                    continue
+        self.crawler.engine.scheduler.sitemap_entries(pages)  # type: ignore[union-attr]
+
+    def _sitemap_failed(self, failure: Failure) -> None:
+        logger.warning("Sitemap not fetched: %s (%s)", failure.request.url, failure.getErrorMessage())  # type: ignore[attr-defined]
+        self.crawler.stats.inc_value("vertical/sitemap/failed")
 
     def request_for(self, record: URLRecord, template: Request | None = None) -> Request:
         """The request that fetches a frontier record (called by the scheduler).

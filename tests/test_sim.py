@@ -123,3 +123,28 @@ def test_cost_budget_and_weibull_run():
     in_window = log.times >= 5
     spent = np.sum(0.0001 * site.size[log.pages[in_window]] + 0.5) / 15
     assert spent <= 300.0 * 1.05
+
+
+def test_site_budget_in_fetches_per_day_is_spent_whatever_the_site_grows_to():
+    """``budget: {fetches_per_day: N}``, refetch.budget's unit: N fetches a
+    day in all, while new pages join the site (4 a day here)."""
+    scn = parse_scenario({**SMALL, "budget": {"fetches_per_day": [40.0]}, "seeds": [1]})
+    assert (scn.budget_kind, scn.budgets) == ("fetches_per_day", (40.0,))
+    site = make_site(scn, 1)
+    for spec in (PolicySpec("uniform", "fixed", "uniform", {"initial": 0, "min_delay": 0}),
+                 PolicySpec("optimal", "optimal", "due")):
+        log = simulate(site, spec, 40.0, scn)
+        per_day = np.histogram(log.times, bins=np.arange(5, 21))[0]
+        # Whole days only: the budget plus at most one fetch carried over.
+        assert per_day.max() <= 41, spec.label
+    # The page-proportional budget of the same size at the start grows with the site.
+    grown = simulate(site, PolicySpec("uniform", "fixed", "uniform", {"initial": 0, "min_delay": 0}),
+                     40.0 / scn.pages, parse_scenario({**SMALL, "seeds": [1]}))
+    assert np.histogram(grown.times, bins=[19, 20])[0][0] > 41
+
+
+def test_site_budget_key_is_validated():
+    with pytest.raises(ScenarioError, match="fetches_per_day"):
+        parse_scenario({**SMALL, "budget": {"fetches_per_day": [40], "fetches_per_page_per_day": [1]}})
+    with pytest.raises(ScenarioError, match="budget.cost"):
+        parse_scenario({**SMALL, "budget": {"fetches_per_day": [40], "cost": {"a": 1}}})

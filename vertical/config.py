@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.resources
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -27,7 +28,7 @@ import yaml
 from lxml import etree, html
 from parsel.csstranslator import HTMLTranslator
 
-from vertical.durations import parse_duration
+from vertical.durations import UNITS, parse_duration
 from vertical.policies import DEFAULT_PRIORITY, DEFAULT_SCHEDULE
 
 __all__ = [
@@ -142,7 +143,11 @@ class FollowRules:
 
 @dataclass(frozen=True)
 class RefetchConfig:
-    """Refetch delays in seconds; ``params`` are the schedule's own keys."""
+    """Refetch delays in seconds; ``params`` are the schedule's own keys.
+
+    ``budget`` is the fetches a day the user grants the site, None for
+    ``auto`` (the default): what politeness allows,
+    86,400 x ``politeness.concurrency`` / ``politeness.delay``."""
 
     schedule: str = DEFAULT_SCHEDULE
     initial: float = 86400.0
@@ -150,6 +155,7 @@ class RefetchConfig:
     max: float = 30 * 86400.0
     factor: float = 2.0
     params: dict[str, Any] = field(default_factory=dict)
+    budget: float | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,9 @@ class SiteConfig:
     lanes: LanesConfig = LanesConfig()
     traps: TrapConfig = TrapConfig()
     duplicates: DuplicateConfig = DuplicateConfig()
+    #: Sitemaps (or sitemap indexes, gzipped or not) read at the start of every
+    #: run, besides those robots.txt names.
+    sitemaps: tuple[str, ...] = ()
 
     def document_rule(self, name: str) -> DocumentRule:
         """The document rule called *name* (KeyError if there is none)."""
@@ -363,6 +372,7 @@ _TOP_KEYS = (
     "lanes",
     "traps",
     "duplicates",
+    "sitemaps",
 )
 _MISSING = object()
 
@@ -536,7 +546,19 @@ class _SiteParser:
             lanes=self.lanes(data),
             traps=self.traps(data),
             duplicates=self.duplicates(data),
+            sitemaps=self.sitemaps(data.get("sitemaps"), domains),
         )
+
+    def sitemaps(self, value: Any, domains: tuple[str, ...]) -> tuple[str, ...]:
+        urls = self.strings(value, "sitemaps")
+        for i, url in enumerate(urls):
+            path = _join("sitemaps", i) if isinstance(value, list) else "sitemaps"
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                self.fail(path, f"{url!r} is not an absolute http(s) URL")
+            if not host_allowed(parts.hostname, domains):
+                self.fail(path, f"{url!r} is outside allowed_domains ({', '.join(domains)})")
+        return urls
 
     def start_urls(self, value: Any) -> tuple[str, ...]:
         urls = self.strings(value, "start_urls")
@@ -655,8 +677,28 @@ class _SiteParser:
             strip=self.read(spec, path, "strip", self.boolean, True),
         )
 
+    def budget(self, value: Any, path: str) -> float | None:
+        """Fetches a day: ``auto`` (None), a number, or ``"N/d"``, ``"N/h"``..."""
+        if value == "auto":
+            return None
+        raw, per = value, 1.0
+        if isinstance(value, str):
+            number, _, unit = value.partition("/")
+            unit = unit.strip().lower()
+            if not unit or unit not in UNITS:
+                self.fail(path, f"not a budget: {value!r} (use auto, fetches a day, or e.g. '5000/d', '200/h')")
+            per = 86400.0 / UNITS[unit]
+            try:
+                value = float(number)
+            except ValueError:
+                self.fail(path, f"not a budget: {value!r} (use auto, fetches a day, or e.g. '5000/d', '200/h')")
+        per_day = self.number(value, path) * per
+        if not math.isfinite(per_day) or per_day <= 0:
+            self.fail(path, f"must be a positive number of fetches a day, not {raw!r}")
+        return per_day
+
     def refetch(self, data: dict[str, Any]) -> RefetchConfig:
-        known = ("schedule", "initial", "min", "max", "factor")
+        known = ("schedule", "initial", "min", "max", "factor", "budget")
         section = self.section(data, "refetch", None)
         defaults = RefetchConfig()
         schedule = self.read(section, "refetch", "schedule", self.string, defaults.schedule)
@@ -673,6 +715,7 @@ class _SiteParser:
         factor = self.read(section, "refetch", "factor", self.number, defaults.factor)
         if factor <= 1:
             self.fail("refetch.factor", f"must be more than 1, not {factor:g}")
+        budget = self.read(section, "refetch", "budget", self.budget, None)
         params = {k: v for k, v in section.items() if k not in known}
         self.check_policy(
             "refetch",
@@ -682,7 +725,7 @@ class _SiteParser:
             known,
             dict(initial=initial, min_delay=minimum, max_delay=maximum, factor=factor),
         )
-        return RefetchConfig(schedule, initial, minimum, maximum, factor, params)
+        return RefetchConfig(schedule, initial, minimum, maximum, factor, params, budget)
 
     def priority(self, data: dict[str, Any]) -> PriorityConfig:
         section = self.section(data, "priority", None)

@@ -249,6 +249,13 @@ def _follow_extractor(follow: FollowRules) -> LinkExtractor:
     )
 
 
+def link_followed(site: SiteConfig, url: str) -> bool:
+    """Whether the follow rules' ``allow`` and ``deny`` take this URL, found
+    elsewhere than in a page's links (a sitemap): ``restrict_xpaths``,
+    ``max_depth`` and the denied extensions do not apply."""
+    return bool(_follow_extractor(site.follow).matches(url))
+
+
 @lru_cache(maxsize=64)
 def _all_extractor(restrict_xpaths: tuple[str, ...] = (), restrict_css: tuple[str, ...] = ()) -> LinkExtractor:
     return LinkExtractor(restrict_xpaths=restrict_xpaths, restrict_css=restrict_css, deny_extensions=(), unique=True)

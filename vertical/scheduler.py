@@ -75,6 +75,36 @@ LEARN_ITERATIONS = 20  # its EM steps then, from the weights of the last run
 QUEUE_HORIZON = 30.0
 #: Heartbeats a process may miss before others take it for dead.
 MISSED_HEARTBEATS = 3
+#: A paced crawl may spend this many seconds of its budget at once: enough
+#: to bridge the engine's polls (every 5 s while nothing else wakes it).
+PACE_BURST = 10.0
+
+
+class BudgetPacer:
+    """A token bucket that keeps spending within ``per_day`` fetches a day.
+
+    Tokens accrue at ``per_day / 86400`` a second of the caller's clock (the
+    scheduler's due clock, so ``VERTICAL_TIME_OFFSET`` replays pace alike) up
+    to ``burst`` (at least one fetch). The bucket starts full, so in any
+    window of ``t`` seconds at most ``burst + per_day * t / 86400`` fetches
+    are taken: within a day, the budget plus one burst.
+    """
+
+    def __init__(self, per_day: float, now: float, burst_seconds: float = PACE_BURST) -> None:
+        self.rate = per_day / 86400.0
+        self.burst = max(1.0, self.rate * burst_seconds)
+        self.tokens = self.burst
+        self._at = now
+
+    def ready(self, now: float) -> bool:
+        """Whether a fetch may be taken now (spend it with :meth:`spend`)."""
+        if now > self._at:
+            self.tokens = min(self.burst, self.tokens + (now - self._at) * self.rate)
+            self._at = now
+        return self.tokens >= 1.0
+
+    def spend(self) -> None:
+        self.tokens -= 1.0
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:
@@ -133,6 +163,7 @@ class FrontierScheduler(BaseScheduler):
         self._on_the_way_per_host: Counter[str] = Counter()
         self._postponed: dict[str, float] = {}
         self._started = time.time()
+        self.pacer: BudgetPacer | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -198,7 +229,11 @@ class FrontierScheduler(BaseScheduler):
         self.host_guard = HostGuard(share=traps.host_share_guard, min_urls=traps.host_share_min_pages) \
             if traps.host_share_guard else None
         self.barren = BarrenGuard.for_site(site, self.seen)
-        self._fit_schedule(records)
+        per_day = self._budget_per_day()
+        self._fit_schedule(records, per_day)
+        # The schedule fits delays to the budget; a continuous crawl must
+        # also keep to it when more is due than the budget pays for.
+        self.pacer = BudgetPacer(per_day, self.now()) if self.continuous and site.refetch.budget else None
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
         self._heartbeat = task.LoopingCall(self._beat)
@@ -208,10 +243,27 @@ class FrontierScheduler(BaseScheduler):
                     self.frontier.uri, records, site.name, self.lane.name, self.owner)
         return None
 
-    def _fit_schedule(self, records: int) -> None:
+    def _budget_per_day(self) -> float:
+        """The fetches a day this site may spend: ``refetch.budget``, or with
+        ``auto`` what politeness allows; never more than politeness allows.
+        Written to the store's meta (``budget``) for ``vertical-status``."""
+        pol = self.site.politeness
+        ceiling = 86400.0 * pol.concurrency / max(pol.delay, 0.05)
+        asked = self.site.refetch.budget
+        per_day = ceiling if asked is None else min(asked, ceiling)
+        if asked is not None and asked > ceiling:
+            logger.warning("refetch.budget of site %r is %g fetches a day, more than its politeness allows "
+                           "(%g: concurrency %d, delay %gs): spending at most %g", self.site.name, asked,
+                           ceiling, pol.concurrency, pol.delay, ceiling)
+        self.stats.set_value("vertical/budget/per_day", per_day)
+        self.frontier.set_meta(self.site.name, "budget",
+                               {"per_day": per_day, "asked": asked, "ceiling": ceiling})
+        return per_day
+
+    def _fit_schedule(self, records: int, per_day: float) -> None:
         """Let a learning schedule see a sample of the site's records (its
         distribution of change rates) and fit the price of a fetch to the
-        budget the site's politeness allows: pages per day."""
+        site's budget: *per_day* fetches."""
         sample: list[URLRecord] = []
         if hasattr(self.schedule, "learn") and records:
             sample = self.frontier.sample(self.site.name, LEARN_SAMPLE)
@@ -219,8 +271,6 @@ class FrontierScheduler(BaseScheduler):
             used = self.schedule.learn(sample, iterations=LEARN_ITERATIONS, sample=LEARN_SAMPLE)
             self.stats.set_value("vertical/schedule/learned_from", used)
         if hasattr(self.schedule, "set_budget"):
-            pol = self.site.politeness
-            per_day = 86400.0 * pol.concurrency / max(pol.delay, 0.05)
             if sample and hasattr(self.schedule, "rate"):
                 # The sample stands for the site: its share of the budget, its rates.
                 share = len(sample) / records
@@ -308,6 +358,32 @@ class FrontierScheduler(BaseScheduler):
         for url in urls:
             self._discover(url, level, parent, False)
 
+    def sitemap_entries(self, entries: Iterable[tuple[str, float | None]]) -> int:
+        """URLs a sitemap lists (canonical), each with its ``<lastmod>`` as a
+        timestamp or None. New URLs are discovered at level 1 (announced, as
+        a link from an entry page would be: the seen test and the trap guards
+        apply). A known page whose lastmod is after its last fetch has changed
+        since: it is due now. One whose lastmod did not move keeps its
+        ``next_fetch``: the schedule decides, the sitemap never brings it
+        sooner. A lastmod later than now (a skewed clock) says nothing: taken
+        at its word it would make the page due at every reading. Returns how
+        many known pages were brought forward."""
+        entries = list(entries)
+        lastmods: dict[int, float] = {}
+        now = self.now()
+        for url, lastmod in entries:
+            self._discover(url, 1, None, False)
+            if lastmod is not None and lastmod <= now:
+                lastmods[fingerprint(url)] = lastmod
+        known = self.frontier.get_many(self.site.name, lastmods) if lastmods else {}
+        moved = [fp for fp, r in known.items() if r.visits and r.fetch_time < lastmods[fp]]
+        if moved:
+            self.frontier.make_due(self.site.name, moved, now, 0.0)
+            self._next_poll = 0.0
+        self.stats.inc_value("vertical/sitemap/urls", len(entries))
+        self.stats.inc_value("vertical/sitemap/lastmod_moved", len(moved))
+        return len(moved)
+
     def _discover(self, url: str, level: int, parent: URLRecord | None, seed: bool) -> None:
         fp = fingerprint(url)
         seen = self._discovered.get(fp)
@@ -322,6 +398,9 @@ class FrontierScheduler(BaseScheduler):
             return self._direct.popleft()
         if self.budget_exhausted:
             return None
+        if self.pacer is not None and not self.pacer.ready(self.now()):
+            self.stats.inc_value("vertical/budget/paced")
+            return None
         request = self._pop()
         if request is None and self._discovered:
             self._flush_discovered()
@@ -329,6 +408,8 @@ class FrontierScheduler(BaseScheduler):
         if request is None and self.now() >= self._next_poll:
             self._refill()
             request = self._pop()
+        if request is not None and self.pacer is not None:
+            self.pacer.spend()
         return request
 
     def __len__(self) -> int:

@@ -21,10 +21,17 @@ What a summary holds (the same keys for a site's ``total`` and each host):
   where the ``optimal`` schedule keeps its counts, else changes over revisits
   spread over the current delay, a rough lower bound);
 * ``last_fetch``: the latest ``fetch_time`` (None when never);
+* ``fetched_day``: records last fetched within the day before ``now``, the
+  spend to hold against the site's budget (a record fetched twice that day
+  counts once, so a floor on the spend);
 * ``errors``: records whose last answer was a 5xx, or that count failures
   (``extra["failures"]``);
 * ``traps``: trap records by ``extra["trap"]`` reason;
 * ``leases``: live claims (``claim_until >= clock``) by owner.
+
+A site's summary also has ``budget`` when its crawl wrote one to the store's
+meta (the scheduler does at open): ``per_day`` (what it spends), ``asked``
+(``refetch.budget``, None for auto) and ``ceiling`` (what politeness allows).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ class _Tally:
     changed: int = 0
     per_day: float = 0.0
     last_fetch: float | None = None
+    fetched_day: int = 0
     errors: int = 0
     traps: Counter[str] = field(default_factory=Counter)
     leases: Counter[str] = field(default_factory=Counter)
@@ -68,6 +76,8 @@ class _Tally:
             self.delays.append(r.refetch_delay)
             if self.last_fetch is None or r.fetch_time > self.last_fetch:
                 self.last_fetch = r.fetch_time
+            if now - DAY < r.fetch_time <= now:
+                self.fetched_day += 1
             self.revisits += max(r.visits - 1, 0)
             self.changed += r.changes
             self.per_day += _rate(r) * DAY
@@ -91,6 +101,7 @@ class _Tally:
                         "per_visit": self.changed / self.revisits if self.revisits else None,
                         "per_day": self.per_day},
             "last_fetch": self.last_fetch,
+            "fetched_day": self.fetched_day,
             "errors": self.errors,
             "traps": dict(self.traps.most_common()),
             "leases": dict(self.leases.most_common()),
@@ -117,10 +128,13 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
-def summarize(records: Iterable[URLRecord], now: float, clock: float | None = None) -> dict[str, dict[str, Any]]:
+def summarize(records: Iterable[URLRecord], now: float, clock: float | None = None,
+              budgets: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """``{site: {"total": summary, "hosts": {host: summary}}}``, sites and
     hosts sorted by name; see the module docstring for a summary's keys.
-    ``clock`` is the store's clock, for leases (``now`` when not given)."""
+    ``clock`` is the store's clock, for leases (``now`` when not given);
+    ``budgets`` the ``budget`` meta of each site that has one."""
+    budgets = budgets or {}
     clock = now if clock is None else clock
     tallies: dict[str, tuple[_Tally, dict[str, _Tally]]] = {}
     for record in records:
@@ -131,7 +145,8 @@ def summarize(records: Iterable[URLRecord], now: float, clock: float | None = No
             host = hosts[record.host] = _Tally()
         host.add(record, now, clock)
     return {
-        site: {"total": total.result(), "hosts": {h: hosts[h].result() for h in sorted(hosts)}}
+        site: {"total": total.result(), "hosts": {h: hosts[h].result() for h in sorted(hosts)},
+               **({"budget": budgets[site]} if budgets.get(site) else {})}
         for site, (total, hosts) in sorted(tallies.items())
     }
 
@@ -177,6 +192,18 @@ def _row(name: str, s: dict[str, Any], now: float) -> tuple[str, ...]:
     )
 
 
+def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
+    """``"120 fetches in the last 24h of a budget of 200 a day (60%)"``."""
+    text = f"{fetched} fetches in the last 24h"
+    if not budget or not budget.get("per_day"):
+        return text + " (no budget recorded)"
+    per_day = budget["per_day"]
+    source = "refetch.budget" if budget.get("asked") is not None else "auto: what politeness allows"
+    if budget.get("asked") is not None and budget["asked"] > per_day:
+        source = f"refetch.budget {budget['asked']:g}, capped by politeness"
+    return f"{text} of a budget of {per_day:g} a day ({fetched / per_day:.0%}; {source})"
+
+
 def render(summary: dict[str, dict[str, Any]], now: float) -> str:
     """The summaries as aligned text: per site a table of its hosts and the
     site's total, then trap reasons and lease holders when there are any."""
@@ -186,6 +213,7 @@ def render(summary: dict[str, dict[str, Any]], now: float) -> str:
         rows = [_COLUMNS, *(_row(h, s, now) for h, s in data["hosts"].items()), _row("(total)", total, now)]
         widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
         out.append(f"site {site}: {total['records']} records, last fetch {_ago(total['last_fetch'], now)}")
+        out.append(f"  spend: {_spend(total['fetched_day'], data.get('budget'))}")
         for row in rows:
             out.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if total["traps"]:

@@ -2,7 +2,8 @@
 
 Per site and per host: records per state, what is due now / within an hour /
 within a day, refetch delays, estimated change rates, last fetch, errors,
-traps and live leases (see :mod:`vertical.status`); then the crawl processes
+traps and live leases (see :mod:`vertical.status`), the fetches of the last
+24 hours against the site's budget; then the crawl processes
 the store knows of (their heartbeats, :func:`processes`): alive or not, when
 their heartbeat runs out, host, pid, lane, pages. Reads the store through the
 :class:`~vertical.frontier.Frontier` interface only, so it works on every
@@ -88,7 +89,8 @@ class Command(VerticalCommand):
                 self.exitcode = 1
                 return
             # Leases on the store's clock, as the store judges them.
-            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock())
+            budgets = {site: store.get_meta(site, "budget") for site in ([args[0]] if args else store.sites())}
+            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock(), budgets)
         if opts.json:
             print(json.dumps({"store": uri, "now": now, "sites": summary, "processes": found}, indent=1))
         elif not summary:

@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wild", action="store_true", help="serve the wild site (traps, long structures) instead")
     parser.add_argument("--docs", type=int, default=20_000, help="catalogue documents of the wild site")
     parser.add_argument("--crawl-delay", type=float, help="add Crawl-delay to robots.txt")
+    parser.add_argument("--sitemap", action="store_true",
+                        help="serve /sitemap.xml (an index, a gzipped urlset, lastmod) and name it in robots.txt")
     parser.add_argument("--slow-host", type=int, metavar="I", help="0-based index of a host that answers slowly")
     parser.add_argument("--slow-seconds", type=float, default=1.0)
     args = parser.parse_args(argv)
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         site = BulkSite(pages=args.bulk, hosts=args.hosts, seed=args.seed, step=args.step, crawl_delay=args.crawl_delay)
     else:
         site = DemoSite(
-            seed=args.seed, films=args.films, step=args.step, traps=args.traps, crawl_delay=args.crawl_delay
+            seed=args.seed, films=args.films, step=args.step, traps=args.traps, crawl_delay=args.crawl_delay,
+            sitemap=args.sitemap,
         )
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

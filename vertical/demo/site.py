@@ -18,7 +18,13 @@ Pages (``host`` is ignored; every link is root-relative)::
     /about              links to /private/secret
     /private/secret     disallowed by robots.txt
     /robots.txt         User-agent: * / Disallow: /private/ / Disallow: /_demo/
-                        (+ Crawl-delay when ``crawl_delay`` is set)
+                        (+ Crawl-delay when ``crawl_delay`` is set,
+                        + Sitemap: /sitemap.xml when ``sitemap`` is set)
+    /sitemap.xml        (``sitemap=True`` only) an index of /sitemap-films.xml.gz
+                        (every live film, gzipped) and /sitemap-years.xml; each
+                        URL's <lastmod> is the date its <main> last changed;
+                        <loc>s are root-relative, like every link here (the
+                        protocol asks for absolute ones; crawlers resolve both)
 
 Content sits in ``<main>``; ``<nav>`` (Home, Catalogue, About) and ``<footer>``
 ("generated at step N" and a rotating ad) are outside it, so every page's bytes
@@ -55,9 +61,10 @@ regexes yield them, ``cast`` a list).
 
 Conditional requests (``etags=True``): every 200 carries ``ETag`` (a hash of the
 body, so it changes at every step because of the footer) and ``Last-Modified``
-(midnight UTC of 2024-01-01 plus one day per step, taken at the step at which
-the page's ``<main>`` content last changed). ``If-None-Match`` is honoured first;
-only without it is ``If-Modified-Since`` compared. A match gives 304 with no body.
+(``epoch``, by default midnight UTC of 2024-01-01, plus one day per step, taken
+at the step at which the page's ``<main>`` content last changed).
+``If-None-Match`` is honoured first; only without it is ``If-Modified-Since``
+compared. A match gives 304 with no body.
 So within one step both validators give 304; across steps only
 ``If-Modified-Since`` can, and only for pages whose content did not change.
 
@@ -82,6 +89,7 @@ crawl must still fetch.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import random
 import zlib
@@ -97,6 +105,7 @@ __all__ = ["DemoResponse", "Film", "DemoSite", "BulkSite", "step_date"]
 EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
 _HTML = "text/html; charset=utf-8"
+_SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 _CACHE_LIMIT = 4096
 
 _ADJECTIVES = (
@@ -134,17 +143,17 @@ _ADS = (
 )
 
 
-def step_date(step: int) -> datetime:
+def step_date(step: int, epoch: datetime = EPOCH) -> datetime:
     """The date the site's clock shows at ``step`` (UTC midnight, one day a step)."""
-    return EPOCH + timedelta(days=step)
+    return epoch + timedelta(days=step)
 
 
 def _etag(body: bytes) -> str:
     return '"%s"' % hashlib.sha1(body).hexdigest()[:20]
 
 
-def _http_date(step: int) -> str:
-    return format_datetime(step_date(step), usegmt=True)
+def _http_date(step: int, epoch: datetime = EPOCH) -> str:
+    return format_datetime(step_date(step, epoch), usegmt=True)
 
 
 def _lower(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -259,6 +268,8 @@ class DemoSite:
         new_per_step: int = 2,
         per_page: int = 10,
         home_k: int = 5,
+        sitemap: bool = False,
+        epoch: datetime = EPOCH,
     ):
         if films < 6:
             raise ValueError("films must be at least 6 (six of them carry the scripted changes)")
@@ -270,6 +281,8 @@ class DemoSite:
         self.new_per_step = new_per_step
         self.per_page = per_page
         self.home_k = home_k
+        self.sitemap = sitemap
+        self.epoch = epoch
         self.step = 0
         self.set_step(step)
         rng = random.Random(f"vertical-demo-plan:{seed}")
@@ -459,7 +472,7 @@ class DemoSite:
             hdrs = {"Content-Type": ctype}
             if status == 200 and self.etags:
                 hdrs["ETag"] = _etag(body)
-                hdrs["Last-Modified"] = _http_date(self._content_step(path, step))
+                hdrs["Last-Modified"] = _http_date(self._content_step(path, step), self.epoch)
             response = DemoResponse(status, hdrs, body)
             if not path.startswith("/session/"):
                 self._response_cache.put(key, response)
@@ -492,6 +505,10 @@ class DemoSite:
             head = parts[0]
             if path == "/robots.txt":
                 return self._robots()
+            if self.sitemap and path.startswith("/sitemap"):
+                found = self._sitemap(path, step)
+                if found is not None:
+                    return found
             if path == "/about":
                 return 200, _HTML, "About", _ABOUT
             if path == "/private/secret":
@@ -516,7 +533,33 @@ class DemoSite:
         text = "User-agent: *\nDisallow: /private/\nDisallow: /_demo/\n"
         if self.crawl_delay is not None:
             text += f"Crawl-delay: {self.crawl_delay:g}\n"
+        if self.sitemap:
+            # Relative: the crawler resolves it against robots.txt's URL.
+            text += "Sitemap: /sitemap.xml\n"
         return 200, "text/plain; charset=utf-8", "robots", text
+
+    def _sitemap(self, path: str, step: int):
+        """``/sitemap.xml``: an index of ``/sitemap-films.xml.gz`` (every live
+        film page, gzipped) and ``/sitemap-years.xml`` (the year pages), each
+        URL with ``<lastmod>`` the date its ``<main>`` content last changed
+        (the page's Last-Modified)."""
+        def lastmod(page: str) -> str:
+            return step_date(self._content_step(page, step), self.epoch).isoformat()
+
+        def urlset(pages: list[str]) -> str:
+            entries = "".join(f"<url><loc>{page}</loc><lastmod>{lastmod(page)}</lastmod></url>" for page in pages)
+            return f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset xmlns="{_SITEMAP_NS}">{entries}</urlset>\n'
+
+        if path == "/sitemap.xml":
+            maps = "".join(f"<sitemap><loc>{p}</loc></sitemap>" for p in ("/sitemap-films.xml.gz", "/sitemap-years.xml"))
+            body = f'<?xml version="1.0" encoding="UTF-8"?>\n<sitemapindex xmlns="{_SITEMAP_NS}">{maps}</sitemapindex>\n'
+            return 200, "application/xml", "sitemap", body
+        if path == "/sitemap-films.xml.gz":
+            films = [f"/film/{f.id}" for f in self.films(step)]
+            return 200, "application/gzip", "sitemap", gzip.compress(urlset(films).encode(), mtime=0)
+        if path == "/sitemap-years.xml":
+            return 200, "application/xml", "sitemap", urlset([f"/year/{y}" for y in self.years(step)])
+        return None
 
     def _home(self, step: int):
         films = self.films(step)

@@ -112,7 +112,9 @@ def _refresh_fetches_per_day(site: Site, scn: Scenario, budget: float) -> float:
     the end of the run, less the first fetches of the pages created daily."""
     docs = site.n - site.n_hubs
     cost = _fetch_cost(site, scn)
-    if cost is None:
+    if scn.budget_kind == "fetches_per_day":
+        per_day = budget  # the site's, as refetch.budget gives it
+    elif cost is None:
         per_day = budget * docs
     else:
         per_day = budget / float(np.mean(cost[site.n_hubs :]))
@@ -177,6 +179,7 @@ def simulate(
     by_seconds = cost is not None
     threshold = 1e-12 if by_seconds else 1.0
     per_page_tick = budget * tick  # fetches per page per tick, or seconds per tick
+    site_wide = scn.budget_kind == "fetches_per_day"  # a fixed budget, however many pages
 
     recs: list[URLRecord | None] = [None] * n
     queued = bytearray(n)
@@ -223,6 +226,8 @@ def simulate(
             # budget less what hubs and first fetches took since last time.
             if by_seconds:
                 per_day = budget / mean_cost
+            elif site_wide:
+                per_day = budget
             else:
                 per_day = budget * (site.n_initial + bisect_right(created_new, now))
             if now > last_budget:
@@ -237,7 +242,7 @@ def simulate(
             _, i = heappop(theap)
             heappush(pheap, (-recs[i].priority, i))
             queued[i] = 1
-        if by_seconds:
+        if by_seconds or site_wide:
             allowance = per_page_tick
         else:
             allowance = per_page_tick * (site.n_initial + bisect_right(created_new, now))

@@ -35,7 +35,9 @@ def best_scent(entries: list[dict[str, Any]]) -> dict[float, dict[str, Any]]:
 def write_table(results: dict[str, Any], path: Path) -> None:
     """One row per policy and budget, the seeds' mean ± standard deviation."""
     unit = results["scenario"]["budget"]
-    kind = "fetches/page/day" if "fetches_per_page_per_day" in unit else "s/day"
+    kind = next(label for key, label in (("fetches_per_page_per_day", "fetches/page/day"),
+                                         ("fetches_per_day", "fetches/day"), ("seconds_per_day", "s/day"))
+                if key in unit)
     lines = [
         f"| budget ({kind}) | policy | freshness | % of oracle | age (days) | Q | Q % of oracle | wasted | captured | discovery p50 (h) | p95 (h) | never discovered |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

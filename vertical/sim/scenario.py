@@ -9,6 +9,7 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     sizes: {dist: pareto, min_bytes: 2000, alpha: 1.5}
     hubs: {count: 5, list_length: 20, new_pages_per_day: 50}        # 0 new pages: a closed site
     budget: {fetches_per_page_per_day: [0.05, 0.2, 1.0]}           # or {seconds_per_day: [..], cost: {a: .., b: ..}}
+    # or {fetches_per_day: [500, 2000]}: the site's, as refetch.budget gives it, however many pages
     horizon_days: 180
     warmup_days: 30
     seeds: [1, 2, 3, 4, 5]
@@ -52,7 +53,7 @@ class Scenario:
     hubs: int = 5
     list_length: int = 20
     new_pages_per_day: float = 50.0
-    budget_kind: str = "fetches_per_page_per_day"  # or "seconds_per_day"
+    budget_kind: str = "fetches_per_page_per_day"  # or "seconds_per_day", "fetches_per_day"
     budgets: tuple[float, ...] = (0.05, 0.2, 1.0)
     cost_a: float = 0.0  # seconds per byte
     cost_b: float = 1.0  # seconds per fetch
@@ -169,10 +170,16 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
         if kw["new_pages_per_day"] > 0 and kw["hubs"] == 0:
             raise ScenarioError("hubs.count: new pages need at least one hub to announce them")
     if "budget" in data:
-        b = _mapping(data["budget"], "budget", {"fetches_per_page_per_day", "seconds_per_day", "cost"})
-        if ("fetches_per_page_per_day" in b) == ("seconds_per_day" in b):
-            raise ScenarioError("budget: give either fetches_per_page_per_day or seconds_per_day")
-        if "fetches_per_page_per_day" in b:
+        kinds = ("fetches_per_page_per_day", "seconds_per_day", "fetches_per_day")
+        b = _mapping(data["budget"], "budget", {*kinds, "cost"})
+        if sum(kind in b for kind in kinds) != 1:
+            raise ScenarioError("budget: give either fetches_per_page_per_day, seconds_per_day or fetches_per_day")
+        if "fetches_per_day" in b:
+            if "cost" in b:
+                raise ScenarioError("budget.cost: only with seconds_per_day")
+            kw["budget_kind"] = "fetches_per_day"
+            kw["budgets"] = _numbers(b["fetches_per_day"], "budget.fetches_per_day", low=1e-12)
+        elif "fetches_per_page_per_day" in b:
             if "cost" in b:
                 raise ScenarioError("budget.cost: only with seconds_per_day")
             kw["budgets"] = _numbers(b["fetches_per_page_per_day"], "budget.fetches_per_page_per_day", low=1e-12)

@@ -1,0 +1,135 @@
+"""Sitemaps: discovered from robots.txt and the site config, indexes followed,
+gzip handled, and ``<lastmod>`` a change observation. Parsing on the demo
+site's own sitemaps, then real ``scrapy crawl`` runs against it."""
+
+from __future__ import annotations
+
+import gzip
+import time
+from datetime import UTC, datetime
+
+import pytest
+from scrapy.http import Response, XmlResponse
+
+from tests.crawling import crawl, site_file
+from tests.test_incremental import records
+from vertical.config import ConfigError, parse_site
+from vertical.demo.server import serve
+from vertical.demo.site import DemoSite, step_date
+from vertical.sitemaps import lastmod_time, read_sitemap, sitemap_body
+
+DAY = 86400.0
+BASE = "http://127.0.0.1:8000"
+
+
+def served(site: DemoSite, path: str) -> Response:
+    answer = site.render(path)
+    cls = XmlResponse if answer.headers["Content-Type"] == "application/xml" else Response
+    return cls(BASE + path, status=answer.status, body=answer.body, headers=answer.headers)
+
+
+def test_demo_sitemaps_read_as_an_index_a_gzipped_urlset_and_a_plain_one():
+    site = DemoSite(seed=0, sitemap=True, step=1)
+    assert "Sitemap: /sitemap.xml" in site.render("/robots.txt").body.decode()
+    kind, maps = read_sitemap(sitemap_body(served(site, "/sitemap.xml")), BASE + "/sitemap.xml")
+    assert kind == "sitemapindex"
+    assert [u for u, _ in maps] == [BASE + "/sitemap-films.xml.gz", BASE + "/sitemap-years.xml"]
+    films = served(site, "/sitemap-films.xml.gz")
+    assert films.body[:2] == b"\x1f\x8b"  # gzip, no Content-Encoding: ours to gunzip
+    kind, entries = read_sitemap(sitemap_body(films), films.url)
+    assert kind == "urlset"
+    assert {u for u, _ in entries} == {BASE + f"/film/{f.id}" for f in site.films(1)}
+    lastmod = dict(entries)
+    day1 = step_date(1).timestamp()
+    moved = {u for u, t in lastmod.items() if t == day1}
+    plan, new = site.plan(), site.changes(1)["new"]
+    assert moved == {BASE + f"/film/{i}" for i in (plan["director"], plan["actor"], plan["year"], *new)}
+    assert all(t == step_date(0).timestamp() for u, t in lastmod.items() if u not in moved)
+    # Without the option the demo site has no sitemap (other tests count its requests).
+    assert DemoSite(seed=0).render("/sitemap.xml").status == 404
+
+
+def test_lastmod_formats_and_bodies_that_are_no_sitemap():
+    assert lastmod_time("2024-01-02") == datetime(2024, 1, 2, tzinfo=UTC).timestamp()
+    assert lastmod_time("2024-01-02T10:00:00+01:00") == datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp()
+    assert lastmod_time("2024-01-02T09:00:00Z") == datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp()
+    assert lastmod_time("2024-03") == datetime(2024, 3, 1, tzinfo=UTC).timestamp()
+    assert lastmod_time("yesterday") is None and lastmod_time(None) is None
+    assert sitemap_body(Response(BASE + "/page", body=b"<html></html>")) is None
+    assert sitemap_body(Response(BASE + "/s.gz", body=gzip.compress(b"x" * 1000)), max_size=100) is None
+    assert read_sitemap(b"<html><body>no</body></html>", BASE) == ("", [])
+
+
+def test_sitemaps_key():
+    start = {"start_urls": ["http://a.example/"]}
+    assert parse_site({**start, "sitemaps": ["http://a.example/s.xml.gz"]}).sitemaps == ("http://a.example/s.xml.gz",)
+    assert parse_site(start).sitemaps == ()
+    for value, problem in ((["/s.xml"], "not an absolute http"), (["http://b.example/s.xml"], "outside allowed"),
+                           ({"a": 1}, "must be a string or a list")):
+        with pytest.raises(ConfigError, match=f"sitemaps.*{problem}"):
+            parse_site({**start, "sitemaps": value})
+
+
+def film_requests(server) -> list[str]:
+    return [r["path"] for r in server.requests if r["path"].startswith("/film/")]
+
+
+def test_sitemap_lastmod_drives_the_due_set(tmp_path):
+    """Run 1 crawls the site and reads its sitemaps (named in robots.txt: an
+    index, a gzipped urlset). The site moves a step; the sitemap's lastmod
+    moves for the pages whose content changed (and the new ones). Run 2, a
+    day later on the crawl's clock, when no film is due by its schedule
+    (initial delay 2 days): exactly the films whose lastmod moved past their
+    last fetch are fetched, the unchanged ones are not."""
+    start = time.time()
+    # Step 1 is dated half a day after run 1: after its fetches, before run 2.
+    demo = DemoSite(seed=0, sitemap=True, epoch=datetime.fromtimestamp(start - DAY / 2, UTC))
+    with serve(demo) as server:
+        site = site_file(tmp_path, server.url, refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"})
+        store = tmp_path / "f.sqlite3"
+        first = crawl(site, store, tmp_path, tag="1")
+        paths = [r["path"] for r in server.requests]
+        assert {"/sitemap.xml", "/sitemap-films.xml.gz", "/sitemap-years.xml"} <= set(paths)
+        assert first.stat("vertical/sitemap/sitemapindex") == 1 and first.stat("vertical/sitemap/urlset") == 2
+        fetched = {p: r.fetch_time for p, r in records(store).items() if r.visits}
+        assert max(fetched.values()) < step_date(1, demo.epoch).timestamp()
+
+        demo.set_step(1)
+        server.clear_log()
+        second = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": DAY})
+        requested = film_requests(server)
+        _, entries = read_sitemap(sitemap_body(served(demo, "/sitemap-films.xml.gz")), BASE)
+        listed = {"/" + u.split("/", 3)[3]: t for u, t in entries}
+        moved = {p for p, t in listed.items() if p in fetched and t > fetched[p]}
+        _, entries = read_sitemap(sitemap_body(served(demo, "/sitemap-years.xml")), BASE)
+        years = {"/" + u.split("/", 3)[3]: t for u, t in entries}
+        years_moved = {p for p, t in years.items() if p in fetched and t > fetched[p]}
+        assert years_moved <= {r["path"] for r in server.requests}
+        plan = demo.plan()
+        assert moved == {f"/film/{plan[k]}" for k in ("director", "actor", "year")}
+        new = {f"/film/{i}" for i in demo.changes(1)["new"]}
+        assert set(requested) == moved | new
+        assert len(requested) == len(set(requested))
+        assert second.stat("vertical/sitemap/lastmod_moved") == len(moved) + len(years_moved)
+        assert "Warning" not in second.stderr
+
+
+def test_sitemap_from_the_config_brings_pages_no_link_reaches(tmp_path):
+    """The crawl starts on /about, which links no film: every film and year
+    page comes from the sitemap the config names (robots.txt names the same
+    one: each sitemap is fetched once), through the frontier's discover path."""
+    demo = DemoSite(seed=0, sitemap=True)
+    with serve(demo) as server:
+        base = server.url.rstrip("/")
+        site = site_file(tmp_path, server.url, start_urls=[base + "/about"], sitemaps=[base + "/sitemap.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+        paths = [r["path"] for r in server.requests]
+    assert paths.count("/") == 0  # not reached: no page links home, only the nav bar
+    films = {f"/film/{f.id}" for f in demo.films(0)}
+    years = {f"/year/{y}" for y in demo.years(0)}
+    assert films | years <= set(paths)
+    for sitemap in ("/sitemap.xml", "/sitemap-films.xml.gz", "/sitemap-years.xml"):
+        assert paths.count(sitemap) == 1, sitemap
+    assert result.stat("vertical/sitemap/urls") == len(films) + len(years)
+    stored = records(tmp_path / "f.sqlite3")
+    assert {stored[p].level for p in films} == {1}
