@@ -227,11 +227,6 @@ class FrontierCommit:
             record.extra["trap"] = reason
         self._write(record)
 
-    def write_priorities(self, records: Iterable[URLRecord]) -> None:
-        """Outlinks whose priority a policy changed (OPIC credit)."""
-        for record in records:
-            self._priority_writes[record.fingerprint] = record
-
     # -- items -----------------------------------------------------------------------
 
     def _scraped(self, item: Any, **kwargs: Any) -> None:

@@ -209,6 +209,7 @@ class FrontierScheduler(BaseScheduler):
         # A host's concurrency and delay before its download slot exists.
         self._concurrency = self._settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") or 1
         self._delay = self._settings.getfloat("DOWNLOAD_DELAY")
+        self._shared_store = not self.store_uri.startswith("sqlite:")
         self.continuous = getattr(spider, "mode", None) == "continuous"
         self.max_pages = int(getattr(spider, "pages", 0) or self._settings.getint("VERTICAL_MAX_PAGES"))
         seconds = float(getattr(spider, "seconds", 0) or self._settings.getfloat("VERTICAL_MAX_SECONDS"))
@@ -455,8 +456,9 @@ class FrontierScheduler(BaseScheduler):
         concurrency = slot_concurrency(slot) if slot is not None else self._concurrency
         # The site's delay: the shared host rate zeroes the slot's own.
         if self._delay <= 0:
-            # No delay, no rate to go by: two rounds of the slot's concurrency.
-            return min(self.batch, max(32, 2 * concurrency))
+            # No delay, no rate to go by: on a store shared by machines, two
+            # rounds of the slot's concurrency; alone, a whole claim batch.
+            return min(self.batch, max(32, 2 * concurrency)) if self._shared_store else self.batch
         return max(2 * concurrency, min(self.batch, int(QUEUE_HORIZON / self._delay * concurrency)))
 
     def _capped(self, host: str) -> bool:
