@@ -8,10 +8,14 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -124,3 +128,29 @@ def _env() -> dict[str, str]:
     # Deprecation warnings raised by our own code must show up in the log.
     env.setdefault("PYTHONWARNINGS", "default::DeprecationWarning")
     return env
+
+
+class LoopbackServer(ThreadingHTTPServer):
+    """A threaded HTTP server on a free port of 127.0.0.1 (see :func:`serving`)."""
+
+    daemon_threads = True
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+Server = TypeVar("Server", bound=ThreadingHTTPServer)
+
+
+@contextmanager
+def serving(server: Server) -> Iterator[Server]:
+    """Serve ``server`` from a thread for the duration of the block."""
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -3,14 +3,13 @@ or not at all), malformed HTML, and a 2 GB response, through a real crawl."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import yaml
 
-from tests.crawling import crawl
+from tests.crawling import LoopbackServer, crawl, serving
 
 FAST = {"DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}
 GB2 = 2 * 1024**3
@@ -124,30 +123,17 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-class BytesSite(ThreadingHTTPServer):
-    daemon_threads = True
-
+class BytesSite(LoopbackServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.log: list[str] = []
         self.sent: dict[str, int] = {}
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
 
 @contextmanager
 def bytes_site() -> Iterator[BytesSite]:
-    server = BytesSite()
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(BytesSite()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def test_legacy_encodings_malformed_html_and_2_gb_bodies(tmp_path):

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
-from tests.crawling import crawl, site_file
+from tests.crawling import LoopbackServer, crawl, serving, site_file
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
 from vertical.frontier.sqlite import SQLiteFrontier
@@ -91,12 +90,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class SmallSite(ThreadingHTTPServer):
+class SmallSite(LoopbackServer):
     """A loopback site of fixed pages (path -> (status, body)) with a log of
     requested paths and the last status each got; with ``etags``, 200s carry
     an ETag and a matching If-None-Match gets 304."""
-
-    daemon_threads = True
 
     def __init__(self, pages: dict[str, tuple[int, bytes]], etags: bool = False) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -105,22 +102,11 @@ class SmallSite(ThreadingHTTPServer):
         self.log: list[str] = []
         self.statuses: dict[str, int] = {}
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
 
 @contextmanager
 def small_site(pages: dict[str, tuple[int, bytes]], etags: bool = False) -> Iterator[SmallSite]:
-    server = SmallSite(pages, etags)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(SmallSite(pages, etags)) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def html(*links: str) -> bytes:
