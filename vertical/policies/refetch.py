@@ -22,7 +22,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from vertical.policies.base import FetchSchedule
-from vertical.policies.estimate import RateDistribution, cho_irregular, counts, observe
+from vertical.policies.estimate import (
+    RateDistribution,
+    cho_irregular,
+    counts,
+    history,
+    observe,
+    observe_modified,
+    parse_http_date,
+)
 from vertical.policies.oracle import bayes_interval, fit_mu, marginal_gain, optimal_frequency
 from vertical.record import URLRecord
 
@@ -167,11 +175,20 @@ class OptimalSchedule(FetchSchedule):
         hub_changes: float = 3.0,
         population: bool = True,
         mu: float | None = None,
+        last_modified: bool = True,
+        max_share: float = 0.5,
         **params: Any,
     ) -> None:
         super().__init__(initial, min_delay, max_delay, factor, **params)
         if prior_weight < 0:
             raise ValueError("optimal: prior_weight must not be negative")
+        if not 0 < max_share <= 1:
+            raise ValueError("optimal: max_share must be in (0, 1]")
+        self.last_modified = bool(last_modified)
+        self.max_share = float(max_share)
+        #: The longest delay in force: ``max_delay``, unless the budget cannot
+        #: afford it (see :meth:`set_budget`).
+        self.longest = self.max_delay
         base = self.clamp(self.initial) or self.max_delay or DAY
         self.prior_interval = float(prior_interval) if prior_interval else base
         # Pseudo-visits at the initial delay, split as a page of rate 1/initial would.
@@ -210,7 +227,7 @@ class OptimalSchedule(FetchSchedule):
         cached = record.extra.get(RATE_KEY)
         if cached is not None:
             return float(cached)
-        return self.population.mean(self.population.posterior(*counts(record.extra)))
+        return self.population.mean(self.population.posterior(*history(record.extra)))
 
     def learn(self, records: Iterable[URLRecord], iterations: int = 1, sample: int = 1000) -> int:
         """Fit the site's distribution of change rates to the counts of (a
@@ -219,7 +236,7 @@ class OptimalSchedule(FetchSchedule):
         Returns the number of pages that told something (visited twice)."""
         if self.population is None:
             return 0
-        histories = (counts(r.extra) for r in records if not self.is_hub(r))
+        histories = (history(r.extra) for r in records if not self.is_hub(r))
         return self.population.fit(histories, iterations, sample, self._rng)
 
     def delay_for_rate(self, rate: float) -> float:
@@ -246,6 +263,12 @@ class OptimalSchedule(FetchSchedule):
             raise ValueError("optimal: the budget and the number of pages must not be negative")
         f_max = 1.0 / self.min_delay if self.min_delay > 0 else math.inf
         f_min = 1.0 / self.max_delay if self.max_delay > 0 else 0.0
+        if pages:
+            # refetch.max yields to the budget: visiting every page that
+            # often may take at most max_share of it. Past that the floor
+            # would be the whole allocation (round robin in all but name).
+            f_min = min(f_min, self.max_share * fetches_per_day / DAY / pages)
+        self.longest = 1.0 / f_min if f_min > 0 else self.max_delay
         unvisited = None
         if self.population is not None:
             # Pages never revisited all share one posterior, the population:
@@ -254,7 +277,7 @@ class OptimalSchedule(FetchSchedule):
             population = self.population
 
             def unvisited(mu: float) -> float:
-                return 1.0 / bayes_interval(population.rates, population.weights, mu, self.min_delay, self.max_delay)
+                return 1.0 / bayes_interval(population.rates, population.weights, mu, self.min_delay, self.longest)
 
         self.mu = fit_mu(
             () if rates is None else rates,
@@ -277,17 +300,26 @@ class OptimalSchedule(FetchSchedule):
 
     # -- schedule -------------------------------------------------------------
 
+    def clamp(self, delay: float) -> float:
+        return min(self.longest, max(self.min_delay, delay))
+
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
-        if not first:
+        hub = self.is_hub(record)
+        counted = False
+        if self.last_modified and not hub:
+            # The header of this response (the commit sets it before this call).
+            modified = parse_http_date(record.last_modified)
+            counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
+        if not first and not counted:
             observe(record.extra, changed, now - record.fetch_time)
-        if self.is_hub(record):
+        if hub:
             return self.hub_delay(self.rate(record))
         if self.population is None:
             return self.delay_for_rate(self.rate(record))
-        posterior = self.population.posterior(*counts(record.extra))
+        posterior = self.population.posterior(*history(record.extra))
         # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = self.population.mean(posterior)
-        return bayes_interval(self.population.rates, posterior, self.mu, self.min_delay, self.max_delay)
+        return bayes_interval(self.population.rates, posterior, self.mu, self.min_delay, self.longest)
 
     def hub_delay(self, rate: float) -> float:
         """The delay of an announcing page changing at ``rate``: each visit

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from email.utils import formatdate
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable
@@ -36,6 +37,9 @@ from vertical.sim.site import Site
 __all__ = ["FetchLog", "PolicySpec", "policy_specs", "simulate"]
 
 DAY = 86400.0
+#: The share of the budget the oracle may spend on keeping every page within
+#: refetch.max (OptimalSchedule's ``max_share`` default).
+ORACLE_MAX_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ def policy_specs(scn: Scenario) -> list[PolicySpec]:
             specs.append(PolicySpec("level", "fixed", "level", {"initial": DAY, "min_delay": 0.0}))
         elif name == "optimal":
             specs.append(PolicySpec("optimal", "optimal", "uniform"))
+        elif name in scn.custom_policies:
+            c = scn.custom_policies[name]
+            specs.append(PolicySpec(name, c["schedule"], c["priority"], dict(c.get("schedule_params") or {}),
+                                    dict(c.get("priority_params") or {})))
         elif name == "oracle":
             specs.append(PolicySpec("oracle", "oracle", "due", oracle="freshness"))
             specs.append(PolicySpec("oracle_q", "oracle", "due", oracle="q"))
@@ -130,14 +138,18 @@ def _build(spec: PolicySpec, site: Site, scn: Scenario, budget: float) -> tuple[
     rates = (site.rate / DAY).tolist()
     weights = np.log1p(site.size).tolist() if spec.oracle == "q" else None
     docs = slice(site.n_hubs, site.n)
+    per_day = _refresh_fetches_per_day(site, scn, budget)
+    # The rule of OptimalSchedule.set_budget: refetch.max may take at most
+    # half the budget, past that the budget wins.
+    f_min = min(1.0 / ref["max"], ORACLE_MAX_SHARE * per_day / DAY / max(site.n - site.n_hubs, 1))
     mu = solve_mu(
         rates[docs],
-        _refresh_fetches_per_day(site, scn, budget) / DAY,
+        per_day / DAY,
         weights=None if weights is None else weights[docs],
-        f_min=1.0 / ref["max"],
+        f_min=f_min,
         f_max=1.0 / ref["min"] if ref["min"] > 0 else math.inf,
     )
-    return OracleSchedule(**base, rates=rates, weights=weights, mu=mu), priority
+    return OracleSchedule(**{**base, "max_delay": 1.0 / f_min}, rates=rates, weights=weights, mu=mu), priority
 
 
 def simulate(
@@ -174,6 +186,9 @@ def simulate(
     created_new = site.created[first_new:].tolist()
     hub_pages = [h.tolist() for h in site.hub_pages]
     hub_times = [array("d", site.created[h].tobytes()) for h in site.hub_pages]
+    publishes = None if site.publishes is None else site.publishes.tolist()
+    born_modified = None if site.born_modified is None else site.born_modified.tolist()
+    lag = None if site.lag is None else site.lag.tolist()
     cost_arr = _fetch_cost(site, scn)
     cost = None if cost_arr is None else cost_arr.tolist()
     by_seconds = cost is not None
@@ -273,6 +288,15 @@ def simulate(
                     outlinks.append(linked)
             elif first and i >= first_new:
                 overhead += 1  # a page found during the run; not the initial crawl
+            if publishes is not None and publishes[i]:
+                # The response's Last-Modified, set on the record as the commit does.
+                if publishes[i] == 2:
+                    modified = t
+                elif c > off[i]:
+                    modified = ct[c - 1] - lag[c - 1]
+                else:
+                    modified = born_modified[i]
+                rec.last_modified = formatdate(modified * DAY, usegmt=True)
             set_fetched(rec, t_s, changed)
             if outlinks:
                 before = [o.priority for o in outlinks]
