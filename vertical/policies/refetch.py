@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vertical.policies.base import FetchSchedule
@@ -31,7 +31,14 @@ from vertical.policies.estimate import (
     observe_modified,
     parse_http_date,
 )
-from vertical.policies.oracle import bayes_interval, fit_mu, marginal_gain, optimal_frequency
+from vertical.policies.oracle import (
+    bayes_interval,
+    fit_mu,
+    marginal_gain,
+    optimal_frequency,
+    solve_mu_hosts,
+    spend_curve,
+)
 from vertical.record import URLRecord
 
 __all__ = ["AdaptiveSchedule", "FixedSchedule", "NutchSchedule", "OptimalSchedule"]
@@ -177,6 +184,7 @@ class OptimalSchedule(FetchSchedule):
         mu: float | None = None,
         last_modified: bool = True,
         max_share: float = 0.5,
+        per_host: bool = True,
         **params: Any,
     ) -> None:
         super().__init__(initial, min_delay, max_delay, factor, **params)
@@ -185,6 +193,9 @@ class OptimalSchedule(FetchSchedule):
         if not 0 < max_share <= 1:
             raise ValueError("optimal: max_share must be in (0, 1]")
         self.last_modified = bool(last_modified)
+        self.per_host = bool(per_host)
+        #: Host -> its own price of a fetch, for the hosts whose politeness binds.
+        self.host_mu: dict[str, float] = {}
         self.max_share = float(max_share)
         #: The longest delay in force: ``max_delay``, unless the budget cannot
         #: afford it (see :meth:`set_budget`).
@@ -239,14 +250,21 @@ class OptimalSchedule(FetchSchedule):
         histories = (history(r.extra) for r in records if not self.is_hub(r))
         return self.population.fit(histories, iterations, sample, self._rng)
 
-    def delay_for_rate(self, rate: float) -> float:
-        """The optimal refetch delay (clamped) for a page of this rate."""
-        f = optimal_frequency(rate, self.mu)
+    def delay_for_rate(self, rate: float, mu: float | None = None) -> float:
+        """The optimal refetch delay (clamped) for a page of this rate (at
+        the price ``mu``, by default the site's)."""
+        f = optimal_frequency(rate, self.mu if mu is None else mu)
         return self.clamp(1.0 / f if f > 0 else math.inf)
 
     # -- budget ---------------------------------------------------------------
 
-    def set_budget(self, fetches_per_day: float, pages: int, rates: Iterable[float] | None = None) -> None:
+    def set_budget(
+        self,
+        fetches_per_day: float,
+        pages: int,
+        rates: Iterable[float] | None = None,
+        hosts: Mapping[str, tuple[int, Sequence[float], float]] | None = None,
+    ) -> None:
         """Fit ``mu`` so that ``pages`` pages are refetched ``fetches_per_day``
         times a day in total: those with estimated ``rates`` (per second,
         from :meth:`rate`, for the pages visited at least twice) at their
@@ -258,6 +276,14 @@ class OptimalSchedule(FetchSchedule):
         (see ``hub_level``) and first fetches are outside this budget: leave
         them out of ``rates`` and ``fetches_per_day``. One pass over the
         rates, whatever their number.
+
+        ``hosts`` (for a site spanning several hosts, with ``per_host``)
+        splits the same pages by host: ``{host: (pages, rates, fetches a day
+        its politeness allows)}``. The price of a fetch is then fitted under
+        each host's politeness as well as the budget (Kolobov, Peres,
+        Lubetzky and Horvitz; :func:`~vertical.policies.oracle.solve_mu_hosts`):
+        a host that cannot take its share gets a higher price of its own
+        (:attr:`host_mu`) and the rest of the budget goes to the others.
         """
         if fetches_per_day < 0 or pages < 0:
             raise ValueError("optimal: the budget and the number of pages must not be negative")
@@ -279,6 +305,16 @@ class OptimalSchedule(FetchSchedule):
             def unvisited(mu: float) -> float:
                 return 1.0 / bayes_interval(population.rates, population.weights, mu, self.min_delay, self.longest)
 
+        if hosts and self.per_host:
+            spend = {
+                host: spend_curve(host_rates, host_pages, prior=self.rate_prior(), prior_frequency=unvisited,
+                                  f_min=f_min, f_max=f_max)
+                for host, (host_pages, host_rates, _) in hosts.items()
+            }
+            caps = {host: cap / DAY for host, (_, _, cap) in hosts.items()}
+            self.mu, self.host_mu = solve_mu_hosts(spend, caps, fetches_per_day / DAY, scale=self.mu or DAY)
+            return
+        self.host_mu = {}
         self.mu = fit_mu(
             () if rates is None else rates,
             pages,
@@ -288,6 +324,11 @@ class OptimalSchedule(FetchSchedule):
             f_min=f_min,
             f_max=f_max,
         )
+
+    def price(self, record: URLRecord) -> float:
+        """The price of a fetch of ``record``: ``mu``, or its host's when the
+        host's politeness binds (see :meth:`set_budget`)."""
+        return self.host_mu.get(record.host, self.mu) if self.host_mu else self.mu
 
     def rate_prior(self) -> float:
         """The rate assumed for a page never visited twice (per second)."""
@@ -312,16 +353,17 @@ class OptimalSchedule(FetchSchedule):
             counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
         if not first and not counted:
             observe(record.extra, changed, now - record.fetch_time)
+        mu = self.price(record)
         if hub:
-            return self.hub_delay(self.rate(record))
+            return self.hub_delay(self.rate(record), mu)
         if self.population is None:
-            return self.delay_for_rate(self.rate(record))
+            return self.delay_for_rate(self.rate(record), mu)
         posterior = self.population.posterior(*history(record.extra))
         # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = self.population.mean(posterior)
-        return bayes_interval(self.population.rates, posterior, self.mu, self.min_delay, self.longest)
+        return bayes_interval(self.population.rates, posterior, mu, self.min_delay, self.longest)
 
-    def hub_delay(self, rate: float) -> float:
+    def hub_delay(self, rate: float, mu: float | None = None) -> float:
         """The delay of an announcing page changing at ``rate``: each visit
         finds the pages announced since the last one, which waited half the
         delay ``T`` on average. At ``rate`` announcements a second that costs
@@ -334,7 +376,8 @@ class OptimalSchedule(FetchSchedule):
         pages drop off a list before they are seen)."""
         if rate <= 0:
             return self.max_delay
-        return self.clamp(min(math.sqrt(2.0 * self.mu / rate), self.hub_changes / rate))
+        mu = self.mu if mu is None else mu
+        return self.clamp(min(math.sqrt(2.0 * mu / rate), self.hub_changes / rate))
 
     def state(self) -> dict[str, Any]:
         """``mu`` and the learned distribution of rates, for the frontier to

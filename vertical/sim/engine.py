@@ -29,7 +29,7 @@ import numpy as np
 
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.base import FetchSchedule, PriorityPolicy
-from vertical.policies.oracle import OracleSchedule, solve_mu
+from vertical.policies.oracle import OracleSchedule, optimal_frequency, solve_mu, solve_mu_hosts
 from vertical.record import URLRecord
 from vertical.sim.scenario import Scenario
 from vertical.sim.site import Site
@@ -142,14 +142,30 @@ def _build(spec: PolicySpec, site: Site, scn: Scenario, budget: float) -> tuple[
     # The rule of OptimalSchedule.set_budget: refetch.max may take at most
     # half the budget, past that the budget wins.
     f_min = min(1.0 / ref["max"], ORACLE_MAX_SHARE * per_day / DAY / max(site.n - site.n_hubs, 1))
-    mu = solve_mu(
-        rates[docs],
-        per_day / DAY,
-        weights=None if weights is None else weights[docs],
-        f_min=f_min,
-        f_max=1.0 / ref["min"] if ref["min"] > 0 else math.inf,
-    )
-    return OracleSchedule(**{**base, "max_delay": 1.0 / f_min}, rates=rates, weights=weights, mu=mu), priority
+    f_max = 1.0 / ref["min"] if ref["min"] > 0 else math.inf
+    host_mu: dict[str, float] = {}
+    if site.host is None:
+        mu = solve_mu(rates[docs], per_day / DAY, weights=None if weights is None else weights[docs],
+                      f_min=f_min, f_max=f_max)
+    else:  # the optimum under each host's politeness too (Kolobov et al.)
+        spend, caps = {}, {}
+        for h, (_, delay) in enumerate(scn.hosts_politeness):
+            mine = np.flatnonzero(site.host[site.n_hubs :] == h) + site.n_hubs
+            w = None if weights is None else [weights[i] for i in mine]
+            spend[f"h{h}"] = _spend_of([rates[i] for i in mine], w, f_min, f_max)
+            caps[f"h{h}"] = 1.0 / delay
+        mu, host_mu = solve_mu_hosts(spend, caps, per_day / DAY, scale=DAY)
+    return OracleSchedule(**{**base, "max_delay": 1.0 / f_min}, rates=rates, weights=weights, mu=mu,
+                          host_mu=host_mu), priority
+
+
+def _spend_of(rates: list[float], weights: list[float] | None, f_min: float, f_max: float) -> Callable[[float], float]:
+    w = [1.0] * len(rates) if weights is None else weights
+
+    def spend(mu: float) -> float:
+        return sum(min(f_max, max(f_min, optimal_frequency(r, mu, x))) for r, x in zip(rates, w))
+
+    return spend
 
 
 def simulate(
@@ -186,6 +202,15 @@ def simulate(
     created_new = site.created[first_new:].tolist()
     hub_pages = [h.tolist() for h in site.hub_pages]
     hub_times = [array("d", site.created[h].tobytes()) for h in site.hub_pages]
+    # Politeness: each host's fetches a tick at most, as a token bucket.
+    if site.host is None:
+        host_of: list[int] | None = None
+        host_names = ["sim"] * n
+    else:
+        host_of = site.host.tolist()
+        host_names = [f"h{h}" for h in host_of]
+        host_caps = [DAY / delay for _, delay in scn.hosts_politeness]  # fetches a day
+        host_tokens = [0.0] * len(host_caps)
     publishes = None if site.publishes is None else site.publishes.tolist()
     born_modified = None if site.born_modified is None else site.born_modified.tolist()
     lag = None if site.lag is None else site.lag.tolist()
@@ -212,7 +237,7 @@ def simulate(
     mean_cost = float(np.mean(cost_arr[n_hubs:])) if cost_arr is not None else 1.0
 
     def discover(i: int, parent: URLRecord | None, now_s: float) -> URLRecord:
-        rec = URLRecord(url=f"sim:{i}", fingerprint=i, site="sim", host="sim", level=level[i])
+        rec = URLRecord(url=f"sim:{i}", fingerprint=i, site="sim", host=host_names[i], level=level[i])
         schedule.set_discovered(rec, now_s)
         priority.on_discovered(rec, parent)
         recs[i] = rec
@@ -251,7 +276,16 @@ def simulate(
                 learn(documents)  # one EM step a day from where it was
             # Rates of the pages visited twice; the others count as unknown.
             rates = [rate_of(r) for r in documents if r.visits >= 2] if rate_of is not None and not oracle else None
-            fit_budget(max(per_day, 0.0), len(documents), rates)
+            if host_of is None or rates is None:
+                fit_budget(max(per_day, 0.0), len(documents), rates)
+            else:
+                # Each host's pages, rates and politeness (fetches a day).
+                known = np.bincount([host_of[r.fingerprint] for r in documents], minlength=len(host_caps))
+                by_host = {f"h{h}": (int(known[h]), [], cap) for h, cap in enumerate(host_caps)}
+                for r in documents:
+                    if r.visits >= 2:
+                        by_host[r.host][1].append(rate_of(r))
+                fit_budget(max(per_day, 0.0), len(documents), rates, hosts=by_host)
             overhead, last_budget, next_day = 0, now, now + 1.0
         while theap and theap[0][0] <= now_s:
             _, i = heappop(theap)
@@ -263,11 +297,21 @@ def simulate(
             allowance = per_page_tick * (site.n_initial + bisect_right(created_new, now))
         tokens += allowance
         spent = 0.0
+        blocked: list[tuple[float, int]] = []
+        if host_of is not None:
+            for h, cap in enumerate(host_caps):  # idle politeness is lost, like idle budget
+                host_tokens[h] = min(host_tokens[h] + cap * tick, cap * tick + 1.0)
         while pheap and tokens >= threshold:
             neg, i = heappop(pheap)
             rec = recs[i]
             if not queued[i] or -neg != rec.priority:
                 continue  # an entry made stale by a priority change
+            if host_of is not None:
+                h = host_of[i]
+                if host_tokens[h] < 1.0:
+                    blocked.append((neg, i))  # its host's politeness: next tick
+                    continue
+                host_tokens[h] -= 1.0
             queued[i] = 0
             t = now + tick * min(spent / allowance, 0.999)
             t_s = t * DAY
@@ -314,6 +358,8 @@ def simulate(
             spent += step
         if not pheap:
             tokens = min(tokens, 0.0 if by_seconds else 1.0)  # idle capacity is lost
+        for entry in blocked:
+            heappush(pheap, entry)
         if progress is not None and k % report_every == 0:
             progress(k / n_ticks)
     return FetchLog(

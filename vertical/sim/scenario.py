@@ -8,6 +8,7 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     # change_interval: {dist: weibull, shape: 0.8, scale_days: 10}
     # change_interval: {dist: pareto, min_days: 0.5, alpha: 1.2}
     lastmod: {share: 0.5, lag_days: 0, bogus_share: 0}  # pages sending Last-Modified (see below)
+    hosts: [{share: 0.6, delay_s: 180}, {share: 0.4, delay_s: 10}]   # one site, several hosts (see below)
     sizes: {dist: pareto, min_bytes: 2000, alpha: 1.5}
     hubs: {count: 5, list_length: 20, new_pages_per_day: 50}        # 0 new pages: a closed site
     budget: {fetches_per_page_per_day: [0.05, 0.2, 1.0]}           # or {seconds_per_day: [..], cost: {a: .., b: ..}}
@@ -27,6 +28,11 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
 header: the time of their last change, or (``lag_days``) a time up to that
 much earlier (a date without its hour), or for ``bogus_share`` of them the
 time of the request (a page rendered on every request). The others send none.
+
+``hosts``: the site's pages spread over hosts (``share`` of the documents
+each; the hubs are on the first), each fetched at most once per ``delay_s``
+seconds (its politeness), whatever the budget. Without it, one host with no
+limit but the budget.
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ class Scenario:
     scent_delta_s: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     tick_minutes: float = 15.0
     lastmod: Mapping[str, float] = field(default_factory=lambda: {"share": 0.0, "lag_days": 0.0, "bogus_share": 0.0})
+    #: ``(share, delay_s)`` per host; empty: one host, no politeness limit.
+    hosts_politeness: tuple[tuple[float, float], ...] = ()
     #: Policies given as mappings: label -> {schedule, priority, schedule_params, priority_params}.
     custom_policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -98,13 +106,14 @@ class Scenario:
             "scent_delta_s": list(self.scent_delta_s),
             "tick_minutes": self.tick_minutes,
             "lastmod": dict(self.lastmod),
+            "hosts": [{"share": a, "delay_s": b} for a, b in self.hosts_politeness],
             "custom_policies": {k: dict(v) for k, v in self.custom_policies.items()},
         }
 
 
 _KEYS = {
     "pages", "static_share", "change_interval", "sizes", "hubs", "budget", "horizon_days", "warmup_days",
-    "seeds", "policies", "refetch", "scent_delta_s", "tick_minutes", "lastmod",
+    "seeds", "policies", "refetch", "scent_delta_s", "tick_minutes", "lastmod", "hosts",
 }
 
 
@@ -254,6 +263,17 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
         kw["scent_delta_s"] = _numbers(data["scent_delta_s"], "scent_delta_s")
     if "tick_minutes" in data:
         kw["tick_minutes"] = _number(data["tick_minutes"], "tick_minutes", low=1e-3)
+    if "hosts" in data:
+        if not isinstance(data["hosts"], list) or not data["hosts"]:
+            raise ScenarioError(f"hosts: expected a list of {{share, delay_s}}, got {data['hosts']!r}")
+        hosts = []
+        for i, h in enumerate(data["hosts"]):
+            h = _mapping(h, f"hosts[{i}]", {"share", "delay_s"})
+            hosts.append((_number(h.get("share"), f"hosts[{i}].share", low=0, high=1),
+                          _number(h.get("delay_s"), f"hosts[{i}].delay_s", low=1e-3)))
+        if abs(sum(a for a, _ in hosts) - 1.0) > 1e-6:
+            raise ScenarioError("hosts: the shares must add up to 1")
+        kw["hosts_politeness"] = tuple(hosts)
     if "lastmod" in data:
         lm = _mapping(data["lastmod"], "lastmod", {"share", "lag_days", "bogus_share"})
         kw["lastmod"] = {"share": _number(lm.get("share", 1.0), "lastmod.share", low=0, high=1),

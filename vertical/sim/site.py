@@ -50,6 +50,8 @@ class Site:
     #: Per change (aligned with ``change_times``): how much earlier than the
     #: change the published Last-Modified says.
     lag: np.ndarray | None = None
+    #: Per page: its host (an index into the scenario's ``hosts``; 0 for hubs).
+    host: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -149,6 +151,12 @@ def make_site(scn: Scenario, seed: int) -> Site:
         back = np.where(r > 0, r2.exponential(1.0, n_initial) / np.where(r > 0, r, 1.0), r2.random(n_initial) * 730.0)
         born_modified[initial] = -back
         lag = r2.random(len(times)) * lm["lag_days"]
+    host = None
+    if scn.hosts_politeness:
+        shares = np.array([a for a, _ in scn.hosts_politeness])
+        r3 = np.random.default_rng([seed, 2])
+        host = np.zeros(n, dtype=np.int64)
+        host[n_hubs:] = r3.choice(len(shares), size=n_docs, p=shares / shares.sum())
     return Site(
         seed=seed,
         horizon=horizon,
@@ -166,4 +174,5 @@ def make_site(scn: Scenario, seed: int) -> Site:
         publishes=publishes,
         born_modified=born_modified,
         lag=lag,
+        host=host,
     )
