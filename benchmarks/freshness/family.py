@@ -26,13 +26,14 @@ BUDGETS = [0.02, 0.05, 0.2, 1.0]
 SEEDS = [11, 12]
 
 #: The schedules compared: ``before`` is the optimal schedule as it was before
-#: issue 16 (no Last-Modified, refetch.max a hard floor whatever the budget).
+#: issue 16 (no Last-Modified, refetch.max a hard floor whatever the budget,
+#: every page whose sitemap lastmod moved due at once, as the scheduler does).
 POLICIES = [
     "uniform",
     {"label": "adaptive", "schedule": "adaptive", "priority": "due"},
     {"label": "nutch", "schedule": "nutch", "priority": "due"},
     {"label": "before", "schedule": "optimal", "priority": "due",
-     "schedule_params": {"last_modified": False, "max_share": 1.0}},
+     "schedule_params": {"last_modified": False, "max_share": 1.0, "lastmod_due": "always"}},
     {"label": "after", "schedule": "optimal", "priority": "due"},
     "oracle",
 ]
@@ -63,15 +64,22 @@ def scenarios() -> dict[str, dict]:
         # 10^4 pages: the small budgets only, one seed (the machine is shared).
         "lognormal-s60-new-1e4": dict(pages=10000, static_share=0.6, change_interval=LOGNORMAL, hubs=_new(10000),
                                       seeds=[11], budgets=[0.02, 0.05], policies=LASTMOD_POLICIES),
-        # Last-Modified (and so sitemap lastmod): truthful on half the pages;
-        # on 70%, a third of them rendering it per request, the rest a day late.
-        "lognormal-s40-lm50": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+        # Last-Modified: truthful on half the pages; on 70%, a third of them
+        # rendering it per request, the others a day late (dates without hours).
+        "lognormal-s40-lm50": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
                                    lastmod={"share": 0.5}, policies=LASTMOD_POLICIES),
-        "lognormal-s40-lm-noisy": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+        "lognormal-s40-lm-noisy": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
                                        lastmod={"share": 0.7, "lag_days": 1.0, "bogus_share": 0.3},
                                        policies=LASTMOD_POLICIES),
         "lognormal-s40-lm100": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
                                     lastmod={"share": 1.0}, policies=LASTMOD_POLICIES),
+        # The same pages' lastmod in a sitemap read daily.
+        "lognormal-s40-lm50-sitemap": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                           lastmod={"share": 0.5, "sitemap_hours": 24}, policies=LASTMOD_POLICIES),
+        "lognormal-s40-lm-noisy-sitemap": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL,
+                                               hubs=NO_NEW, lastmod={"share": 0.7, "lag_days": 1.0,
+                                                                     "bogus_share": 0.3, "sitemap_hours": 24},
+                                               policies=LASTMOD_POLICIES),
     }
     out = {}
     for name, d in fam.items():

@@ -23,6 +23,7 @@ from typing import Any
 
 from vertical.policies.base import FetchSchedule
 from vertical.policies.estimate import (
+    MODIFIED_BAD_KEY,
     RateDistribution,
     cho_irregular,
     counts,
@@ -185,6 +186,7 @@ class OptimalSchedule(FetchSchedule):
         last_modified: bool = True,
         max_share: float = 0.5,
         per_host: bool = True,
+        lastmod_due: str = "worth",
         **params: Any,
     ) -> None:
         super().__init__(initial, min_delay, max_delay, factor, **params)
@@ -194,6 +196,9 @@ class OptimalSchedule(FetchSchedule):
             raise ValueError("optimal: max_share must be in (0, 1]")
         self.last_modified = bool(last_modified)
         self.per_host = bool(per_host)
+        if lastmod_due not in ("worth", "always", "never"):
+            raise ValueError("optimal: lastmod_due must be worth, always or never")
+        self.lastmod_due = lastmod_due
         #: Host -> its own price of a fetch, for the hosts whose politeness binds.
         self.host_mu: dict[str, float] = {}
         self.max_share = float(max_share)
@@ -324,6 +329,29 @@ class OptimalSchedule(FetchSchedule):
             f_min=f_min,
             f_max=f_max,
         )
+
+    def sitemap_due(self, record: URLRecord, modified: float, now: float) -> bool:
+        """A sitemap's lastmod says ``record`` changed at ``modified``, after
+        its last fetch: is it worth fetching now rather than when due?
+
+        Fetched now, the page is fresh until its next change, which comes
+        at the page's rate ``l``: over the ``D`` seconds until it was due
+        anyway that is ``(1 - e^(-l D)) / l`` seconds of freshness gained,
+        worth a fetch when more than its price. A page changing too fast to
+        be kept fresh (or whose lastmod moves without its content: see
+        :func:`~vertical.policies.estimate.observe_modified`) is left to its
+        schedule; with ``lastmod_due="always"`` every change is due now, with
+        ``"never"`` none."""
+        if self.lastmod_due != "worth":
+            return self.lastmod_due == "always"
+        if record.extra.get(MODIFIED_BAD_KEY):
+            return False
+        wait = record.next_fetch - now
+        if wait <= 0:
+            return False  # due already
+        rate = self.rate(record)
+        gain = wait if rate <= 0 else -math.expm1(-rate * wait) / rate
+        return gain > self.price(record)
 
     def price(self, record: URLRecord) -> float:
         """The price of a fetch of ``record``: ``mu``, or its host's when the

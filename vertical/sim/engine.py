@@ -247,6 +247,37 @@ def simulate(
         queued[i] = 1
         return rec
 
+    def published(i: int, t: float) -> float:
+        """Page ``i``'s Last-Modified at time ``t`` (days)."""
+        if publishes[i] == 2:
+            return t
+        c = bisect_right(ct, t, off[i], off[i + 1])
+        return ct[c - 1] - lag[c - 1] if c > off[i] else born_modified[i]
+
+    sitemap_every = scn.lastmod.get("sitemap_hours", 0.0) / 24.0 if publishes is not None and not oracle else 0.0
+    next_sitemap = 0.0
+    sitemap_due = getattr(schedule, "sitemap_due", None)
+
+    def read_sitemap(now: float) -> None:
+        """The site's sitemap lists its pages with their lastmod: a known
+        page whose lastmod is after its last fetch has changed since, and
+        the schedule says whether it is worth fetching now (the crawler's
+        Scheduler.sitemap_entries); without an opinion, it is due now."""
+        now_s = now * DAY
+        for rec in documents:
+            i = rec.fingerprint
+            if not rec.visits or not publishes[i]:
+                continue
+            modified = published(i, now) * DAY
+            if modified <= rec.fetch_time or rec.next_fetch <= now_s:
+                continue
+            if sitemap_due is not None and not sitemap_due(rec, modified, now_s):
+                continue
+            rec.next_fetch = now_s
+            priority.on_discovered(rec, None)  # the priority of a page due now
+            heappush(pheap, (-rec.priority, i))
+            queued[i] = 1
+
     for i in range(0 if not oracle else n_hubs, first_new):
         discover(i, None, 0.0)
     revealed = 0  # oracle: created pages made known so far
@@ -287,8 +318,13 @@ def simulate(
                         by_host[r.host][1].append(rate_of(r))
                 fit_budget(max(per_day, 0.0), len(documents), rates, hosts=by_host)
             overhead, last_budget, next_day = 0, now, now + 1.0
+        if sitemap_every and now >= next_sitemap:
+            read_sitemap(now)
+            next_sitemap = now + sitemap_every
         while theap and theap[0][0] <= now_s:
-            _, i = heappop(theap)
+            due, i = heappop(theap)
+            if due != recs[i].next_fetch:
+                continue  # brought forward by a sitemap and fetched since
             heappush(pheap, (-recs[i].priority, i))
             queued[i] = 1
         if by_seconds or site_wide:
@@ -334,13 +370,7 @@ def simulate(
                 overhead += 1  # a page found during the run; not the initial crawl
             if publishes is not None and publishes[i]:
                 # The response's Last-Modified, set on the record as the commit does.
-                if publishes[i] == 2:
-                    modified = t
-                elif c > off[i]:
-                    modified = ct[c - 1] - lag[c - 1]
-                else:
-                    modified = born_modified[i]
-                rec.last_modified = formatdate(modified * DAY, usegmt=True)
+                rec.last_modified = formatdate(published(i, t) * DAY, usegmt=True)
             set_fetched(rec, t_s, changed)
             if outlinks:
                 before = [o.priority for o in outlinks]

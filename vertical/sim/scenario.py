@@ -28,6 +28,8 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
 header: the time of their last change, or (``lag_days``) a time up to that
 much earlier (a date without its hour), or for ``bogus_share`` of them the
 time of the request (a page rendered on every request). The others send none.
+With ``sitemap_hours`` the same pages are listed in a sitemap with that
+lastmod, read every so many hours (a fetch not counted against the budget).
 
 ``hosts``: the site's pages spread over hosts (``share`` of the documents
 each; the hubs are on the first), each fetched at most once per ``delay_s``
@@ -80,7 +82,9 @@ class Scenario:
     )
     scent_delta_s: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     tick_minutes: float = 15.0
-    lastmod: Mapping[str, float] = field(default_factory=lambda: {"share": 0.0, "lag_days": 0.0, "bogus_share": 0.0})
+    lastmod: Mapping[str, float] = field(
+        default_factory=lambda: {"share": 0.0, "lag_days": 0.0, "bogus_share": 0.0, "sitemap_hours": 0.0}
+    )
     #: ``(share, delay_s)`` per host; empty: one host, no politeness limit.
     hosts_politeness: tuple[tuple[float, float], ...] = ()
     #: Policies given as mappings: label -> {schedule, priority, schedule_params, priority_params}.
@@ -275,10 +279,11 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             raise ScenarioError("hosts: the shares must add up to 1")
         kw["hosts_politeness"] = tuple(hosts)
     if "lastmod" in data:
-        lm = _mapping(data["lastmod"], "lastmod", {"share", "lag_days", "bogus_share"})
+        lm = _mapping(data["lastmod"], "lastmod", {"share", "lag_days", "bogus_share", "sitemap_hours"})
         kw["lastmod"] = {"share": _number(lm.get("share", 1.0), "lastmod.share", low=0, high=1),
                          "lag_days": _number(lm.get("lag_days", 0.0), "lastmod.lag_days", low=0),
-                         "bogus_share": _number(lm.get("bogus_share", 0.0), "lastmod.bogus_share", low=0, high=1)}
+                         "bogus_share": _number(lm.get("bogus_share", 0.0), "lastmod.bogus_share", low=0, high=1),
+                         "sitemap_hours": _number(lm.get("sitemap_hours", 0.0), "lastmod.sitemap_hours", low=0)}
     return Scenario(**kw)
 
 
