@@ -80,6 +80,10 @@ def scenarios() -> dict[str, dict]:
                                                hubs=NO_NEW, lastmod={"share": 0.7, "lag_days": 1.0,
                                                                      "bogus_share": 0.3, "sitemap_hours": 24},
                                                policies=LASTMOD_POLICIES),
+        # The 10^5 check: the smallest budget, half the pages in a sitemap, one seed.
+        "lognormal-s40-lm50-sitemap-1e5": dict(pages=100000, static_share=0.4, change_interval=LOGNORMAL,
+                                               hubs=NO_NEW, lastmod={"share": 0.5, "sitemap_hours": 24},
+                                               budgets=[0.02], seeds=[11], policies=LASTMOD_POLICIES),
         # One site on three hosts of unequal size and politeness (Crawl-delay
         # 540 s, 180 s, 30 s: 160, 480 and 2,880 fetches a day at most).
         "hosts": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW, budgets=[0.2, 1.0],
