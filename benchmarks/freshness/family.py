@@ -23,7 +23,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 DIR = HERE / "family"
 BUDGETS = [0.02, 0.05, 0.2, 1.0]
-SEEDS = [11, 12]
+SEEDS = [11]  # one seed: the machine is shared (the issue's scenario and lm100 ran with 11 and 12)
 
 #: The schedules compared: ``before`` is the optimal schedule as it was before
 #: issue 16 (no Last-Modified, refetch.max a hard floor whatever the budget,
@@ -51,7 +51,7 @@ def _new(pages: int) -> dict:
 def scenarios() -> dict[str, dict]:
     fam = {
         # The issue's: a few thousand pages, heavy tail, many static pages, closed.
-        "lognormal-s40": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW),
+        "lognormal-s40": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW, seeds=[11, 12]),
         "lognormal-s40-new": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=_new(1000)),
         "weibull0.5-s0": dict(pages=1000, static_share=0.0,
                               change_interval={"dist": "weibull", "shape": 0.5, "scale_days": 7}, hubs=NO_NEW),
@@ -72,7 +72,7 @@ def scenarios() -> dict[str, dict]:
                                        lastmod={"share": 0.7, "lag_days": 1.0, "bogus_share": 0.3},
                                        policies=LASTMOD_POLICIES),
         "lognormal-s40-lm100": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
-                                    lastmod={"share": 1.0}, policies=LASTMOD_POLICIES),
+                                    lastmod={"share": 1.0}, policies=LASTMOD_POLICIES, seeds=[11, 12]),
         # The same pages' lastmod in a sitemap read daily.
         "lognormal-s40-lm50-sitemap": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
                                            lastmod={"share": 0.5, "sitemap_hours": 24}, policies=LASTMOD_POLICIES),
