@@ -600,6 +600,10 @@ def test_last_modified_observations():
     assert "lm" not in extra and history(extra)[4:] == (0, 0.0, 0)
     assert not observe_modified(extra, 18 * DAY, 19 * DAY, 17 * DAY, True, False)
     assert "lm" not in extra
+    # A header within a minute of the response: rendered, not changed.
+    rendered: dict = {}
+    assert not observe_modified(rendered, 10 * DAY - 5, 10 * DAY, 0.0, True, True)
+    assert history(rendered)[4:] == (0, 0.0, 0)
     # A header from the future (a skewed clock) says nothing.
     assert not observe_modified({}, 20 * DAY, 19 * DAY, 0.0, True, True)
 
@@ -641,8 +645,10 @@ def test_optimal_reads_last_modified_from_the_record():
     bogus.last_modified = formatdate(0, usegmt=True)  # "changed just now"
     for r in (page, bogus, plain):
         s.set_fetched(r, 0.0, changed=True)
-    assert page.extra["lm"][1] == 100 * DAY and bogus.extra["lm"][1] == 0.0 and "lm" not in plain.extra
-    assert s.rate(page) < s.rate(plain) < s.rate(bogus)
+    assert page.extra["lm"][1] == 100 * DAY and "lm" not in plain.extra
+    # "Changed just now" is not taken at its word: kept, not counted.
+    assert bogus.extra["lm"] == [0, 0.0, 0.0, 0]
+    assert s.rate(page) < s.rate(plain) == s.rate(bogus)
     # The bogus header moves on an unchanged page: ignored from then on.
     bogus.last_modified = formatdate(DAY, usegmt=True)
     s.set_fetched(bogus, DAY, changed=False)

@@ -68,6 +68,8 @@ COUNTS_KEY = "chg"
 MODIFIED_KEY = "lm"
 #: Set in ``record.extra`` when a page's Last-Modified proved meaningless.
 MODIFIED_BAD_KEY = "lmx"
+#: Seconds: a Last-Modified closer than this to the response says nothing.
+RENDERED = 60.0
 
 
 def naive_rate(visits: int, changed: int, interval: float) -> float:
@@ -149,7 +151,10 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
     here, so that :func:`observe` must not count it again.
 
     * First visit: the time since the last change, as a draw of the
-      page's backward recurrence time (counted in ``first``).
+      page's backward recurrence time (counted in ``first``). A header
+      within a minute of the response (:data:`RENDERED`) is not counted,
+      here or later: pages rendered per request say "now", and taken at
+      their word they would look too fast to ever fetch again.
     * A change, and the header moved past the previous visit: a change at
       ``modified`` and none since.
     * No change and the header did not move: nothing here (``observe``
@@ -162,11 +167,15 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
     if modified is None or modified > now or extra.get(MODIFIED_BAD_KEY):
         return False
     obs = extra.get(MODIFIED_KEY)
+    # A Last-Modified within a minute of the response is most likely the
+    # time it was rendered: kept to compare with the next one, not counted.
+    rendered = now - modified < RENDERED
     if first or obs is None:
-        extra[MODIFIED_KEY] = [1, now - modified, modified, 1] if first else [0, 0.0, modified, 0]
-        return first
+        counted = first and not rendered
+        extra[MODIFIED_KEY] = [1, now - modified, modified, 1] if counted else [0, 0.0, modified, 0]
+        return counted
     moved = modified > obs[2]
-    if changed and moved and modified > previous:
+    if changed and moved and modified > previous and not rendered:
         obs[0] += 1
         obs[1] += now - modified
         obs[2] = modified
@@ -271,8 +280,9 @@ class RateDistribution:
     def fit(self, histories: Iterable[History], iterations: int = 1, sample: int = 1000,
             rng: random.Random | None = None) -> int:
         """Run ``iterations`` EM steps from the current weights over the
-        counts of up to ``sample`` pages (a uniform sample of those visited
-        at least twice; the others say nothing). Returns the pages used."""
+        observations of up to ``sample`` pages (a uniform sample of those
+        visited at least twice or once with a Last-Modified; the others say
+        nothing). Returns the pages used."""
         rng = rng or random.Random(0)
         chosen: list[History] = []
         seen = 0

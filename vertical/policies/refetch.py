@@ -160,7 +160,16 @@ class OptimalSchedule(FetchSchedule):
       faster than ``1 / mu`` are not worth chasing and wait ``max_delay``.
     * ``mu`` (seconds) is the price of a fetch. :meth:`set_budget` fits it to
       a budget; until then it is set so that a page changing once per
-      ``initial`` is refetched once per ``initial``.
+      ``initial`` is refetched once per ``initial``. A budget too small to
+      refetch every page within ``max_delay`` lengthens the longest delay
+      (:attr:`longest`): that floor may take at most ``max_share`` of it.
+      With ``hosts`` the price is fitted under each host's politeness too.
+    * With ``last_modified`` (the default) a page's ``Last-Modified``
+      (``record.last_modified``, set from the response before
+      :meth:`set_fetched`) is an observed change time
+      (:func:`~vertical.policies.estimate.observe_modified`), and
+      :meth:`sitemap_due` decides whether a sitemap's lastmod makes a page
+      worth fetching now.
     * Pages at ``level <= hub_level`` (the entry pages: home page and lists,
       which announce new pages) are not chased for their own freshness but
       for the pages they announce: see :meth:`hub_delay`. A change missed
