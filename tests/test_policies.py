@@ -571,3 +571,163 @@ def test_shared_policy_state_merges_instead_of_last_writer_wins():
     # Another process wrote: the estimates are averaged.
     theirs = {**mine, "mu": mine["mu"] * 3}
     assert schedule.merge_state(theirs, {**mine, "mu": 0.0})["mu"] == pytest.approx(mine["mu"] * 2)
+
+
+# -- Last-Modified and the budget's floor ----------------------------------------------
+
+
+def test_last_modified_observations():
+    from email.utils import formatdate
+
+    from vertical.policies.estimate import history, observe_modified, parse_http_date
+
+    assert parse_http_date(formatdate(1_000_000, usegmt=True)) == 1_000_000
+    assert parse_http_date("yesterday") is None and parse_http_date(None) is None
+    extra: dict = {}
+    # First visit: 3 days since the last change, a draw of the recurrence time.
+    assert observe_modified(extra, 7 * DAY, 10 * DAY, 0.0, True, True)
+    assert history(extra) == (0, 0, 0.0, 0.0, 1, 3 * DAY, 1)
+    # Unchanged and the header did not move: the bits count it, not this.
+    assert not observe_modified(extra, 7 * DAY, 12 * DAY, 10 * DAY, False, False)
+    # A change at 13 days seen at 15: a change, then 2 days without.
+    assert observe_modified(extra, 13 * DAY, 15 * DAY, 12 * DAY, True, False)
+    assert history(extra)[4:] == (2, 5 * DAY, 1)
+    # A change the header dates before the previous visit (a date without its
+    # hour): the bit alone.
+    assert not observe_modified(extra, 14 * DAY, 16 * DAY, 15 * DAY, True, False)
+    # The header moves, the page does not: rendered per request, dropped for good.
+    assert not observe_modified(extra, 17 * DAY, 17 * DAY, 16 * DAY, False, False)
+    assert "lm" not in extra and history(extra)[4:] == (0, 0.0, 0)
+    assert not observe_modified(extra, 18 * DAY, 19 * DAY, 17 * DAY, True, False)
+    assert "lm" not in extra
+    # A header within a minute of the response: rendered, not changed.
+    rendered: dict = {}
+    assert not observe_modified(rendered, 10 * DAY - 5, 10 * DAY, 0.0, True, True)
+    assert history(rendered)[4:] == (0, 0.0, 0)
+    # A header from the future (a skewed clock) says nothing.
+    assert not observe_modified({}, 20 * DAY, 19 * DAY, 0.0, True, True)
+
+
+def test_last_modified_tells_fast_from_slow_in_one_visit():
+    """One visit with Last-Modified (the time since the last change) against
+    one without (nothing): after the site's distribution is learned from such
+    visits, a page's posterior mean rate ranks the pages by their true rate,
+    and unbiased over the site."""
+    rng = random.Random(6)
+
+    def page_rate() -> float:
+        return 0.0 if rng.random() < 0.4 else rng.lognormvariate(math.log(1 / 7), 2.0)
+
+    pages = []
+    for _ in range(3000):
+        r = page_rate()
+        age = rng.expovariate(r) if r > 0 else rng.random() * 730
+        pages.append((r, (0, 0, 0.0, 0.0, 1, age, 1)))
+    dist = RateDistribution(1e-4, 100.0)
+    dist.fit([h for _, h in pages], iterations=100, sample=3000)
+    means = [dist.mean(dist.posterior(*h)) for _, h in pages]
+    slow = [m for (r, _), m in zip(pages, means) if r < 1 / 30]
+    fast = [m for (r, _), m in zip(pages, means) if r > 1]
+    assert sum(fast) / len(fast) > 20 * sum(slow) / len(slow)
+    # The chance of no change over a week, averaged over the site, matches.
+    week = [sum(p * math.exp(-7 * x) for p, x in zip(dist.posterior(*h), dist.rates)) for _, h in pages]
+    assert sum(week) / len(week) == pytest.approx(sum(math.exp(-7 * r) for r, _ in pages) / len(pages), abs=0.02)
+
+
+def test_optimal_reads_last_modified_from_the_record():
+    from email.utils import formatdate
+
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    page, bogus, plain = rec(1, level=2), rec(2, level=2), rec(3, level=2)
+    for r in (page, bogus, plain):
+        s.set_discovered(r, 0.0)
+    page.last_modified = formatdate(-100 * DAY, usegmt=True)  # untouched for 100 days
+    bogus.last_modified = formatdate(0, usegmt=True)  # "changed just now"
+    for r in (page, bogus, plain):
+        s.set_fetched(r, 0.0, changed=True)
+    assert page.extra["lm"][1] == 100 * DAY and "lm" not in plain.extra
+    # "Changed just now" is not taken at its word: kept, not counted.
+    assert bogus.extra["lm"] == [0, 0.0, 0.0, 0]
+    assert s.rate(page) < s.rate(plain) == s.rate(bogus)
+    # The bogus header moves on an unchanged page: ignored from then on.
+    bogus.last_modified = formatdate(DAY, usegmt=True)
+    s.set_fetched(bogus, DAY, changed=False)
+    assert "lm" not in bogus.extra and bogus.extra["lmx"] == 1 and counts(bogus.extra)[1] == 1
+    # Without last_modified the header is not read.
+    off = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, last_modified=False)
+    r = rec(4, level=2)
+    off.set_discovered(r, 0.0)
+    r.last_modified = formatdate(-100 * DAY, usegmt=True)
+    off.set_fetched(r, 0.0, changed=True)
+    assert "lm" not in r.extra
+
+
+def test_refetch_max_yields_to_a_budget_that_cannot_afford_it():
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    s.set_budget(1000.0, 1000)  # one fetch per page per day: max holds
+    assert s.longest == 30 * DAY
+    s.set_budget(20.0, 1000)  # 0.02 a page a day: max may take half of it
+    assert s.longest == pytest.approx(100 * DAY)
+    static = rec(1, level=2)
+    s.set_discovered(static, 0.0)
+    s.set_fetched(static, 0.0, changed=True)
+    for t in range(1, 8):
+        s.set_fetched(static, static.next_fetch, changed=False)
+    assert 30 * DAY < static.refetch_delay <= 100 * DAY
+    strict = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, max_share=1.0)
+    strict.set_budget(20.0, 1000)
+    assert strict.longest == pytest.approx(50 * DAY)
+    with pytest.raises(ValueError, match="max_share"):
+        OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, max_share=0)
+
+
+def test_politeness_inside_the_optimum():
+    """Kolobov et al.: a host whose politeness cannot take its share of the
+    budget gets its own price; the budget it leaves goes to the others."""
+    from vertical.policies.oracle import solve_mu_hosts, spend_curve
+
+    rng = random.Random(7)
+    big = [rng.lognormvariate(math.log(1 / 7), 1.0) for _ in range(600)]
+    small = [rng.lognormvariate(math.log(1 / 7), 1.0) for _ in range(400)]
+    spend = {"big": spend_curve(big, len(big), f_max=24.0), "small": spend_curve(small, len(small), f_max=24.0)}
+    budget = 1000.0  # a day; the big host may take 200
+    mu, host_mu = solve_mu_hosts(spend, {"big": 200.0, "small": 1e9}, budget, scale=1.0)
+    assert set(host_mu) == {"big"} and host_mu["big"] > mu
+    assert spend["big"](host_mu["big"]) == pytest.approx(200.0, rel=1e-6)
+    assert spend["small"](mu) == pytest.approx(800.0, rel=1e-6)  # nothing lost
+    # The ceiling applied afterwards: one price for all, the big host cut to
+    # 200 and the small one left at its share; less freshness for the same fetches.
+    alone = solve_mu(big + small, budget, f_max=24.0)
+    after = spend["small"](alone)
+    assert after < 800.0
+
+    def fresh(rates: list[float], mu: float, scale: float = 1.0) -> float:
+        return sum(expected_freshness(r, scale * min(24.0, optimal_frequency(r, mu))) for r in rates)
+
+    inside = fresh(big, host_mu["big"]) + fresh(small, mu)
+    ceiling = fresh(big, alone, 200.0 / spend["big"](alone)) + fresh(small, alone)
+    assert inside > ceiling
+    # No cap binds: the plain optimum.
+    mu2, none = solve_mu_hosts(spend, {"big": 1e9, "small": 1e9}, budget, scale=1.0)
+    assert none == {} and mu2 == pytest.approx(alone, rel=1e-3)
+    # Every cap binds: the budget does not.
+    mu3, both = solve_mu_hosts(spend, {"big": 100.0, "small": 100.0}, budget, scale=1.0)
+    assert mu3 == 0.0 and spend["big"](both["big"]) == pytest.approx(100.0, rel=1e-6)
+
+
+def test_optimal_set_budget_per_host():
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, population=False)
+    rng = random.Random(8)
+    rates = [rng.lognormvariate(math.log(1 / 7), 1.0) / DAY for _ in range(1000)]
+    hosts = {"a": (600, rates[:600], 100.0), "b": (400, rates[600:], 1e6)}
+    s.set_budget(500.0, 1000, rates, hosts=hosts)
+    assert set(s.host_mu) == {"a"}
+    a, b = rec(1, level=2), rec(2, level=2)
+    a.host, b.host = "a", "b"
+    assert s.price(a) == s.host_mu["a"] > s.price(b) == s.mu
+    spent_a = sum(DAY / s.delay_for_rate(r, s.price(a)) for r in rates[:600])
+    spent_b = sum(DAY / s.delay_for_rate(r, s.mu) for r in rates[600:])
+    assert spent_a == pytest.approx(100.0, rel=0.03) and spent_a + spent_b == pytest.approx(500.0, rel=0.03)
+    ceiling = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, population=False, per_host=False)
+    ceiling.set_budget(500.0, 1000, rates, hosts=hosts)
+    assert ceiling.host_mu == {} and ceiling.price(a) == ceiling.mu

@@ -19,6 +19,17 @@ unchanged visits and the time each kind covered. It solves the maximum
 likelihood equation with every changed interval replaced by their mean, and
 keeps the 0.5 corrections; with equal intervals it *is* the formula above.
 
+A page that sends ``Last-Modified`` says more: the time of its last change.
+A visit that finds a change at ``m`` then has the likelihood
+``lambda e^(-lambda (now - m))`` (a change at ``m``, none since) instead of
+``1 - e^(-lambda t)``, the estimator with known last-change times of Cho and
+Garcia-Molina; and even the first visit tells something: the time since the
+last change of a page changing at ``lambda`` is exponential of rate
+``lambda`` (the Poisson process is memoryless), so one fetch already weighs
+fast against slow. :func:`observe_modified` keeps these two numbers, and
+drops them for a page whose header moves while its content does not (a
+header rendered on every request says nothing).
+
 A page visited a handful of times says little about its own rate, but a site
 says a lot about its pages: :class:`RateDistribution` learns the site's
 distribution of change rates from all its pages' counts (empirical Bayes:
@@ -33,6 +44,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, MutableMapping, Sequence
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 __all__ = [
@@ -41,12 +54,22 @@ __all__ = [
     "cho_irregular",
     "cho_regular",
     "counts",
+    "history",
+    "observe_modified",
+    "parse_http_date",
     "naive_rate",
     "observe",
 ]
 
 #: Key of ``record.extra`` holding ``[changed, unchanged, changed_time, unchanged_time]``.
 COUNTS_KEY = "chg"
+#: Key of ``record.extra`` holding the Last-Modified observations:
+#: ``[changes, exposure, last_modified, first]`` (see :func:`observe_modified`).
+MODIFIED_KEY = "lm"
+#: Set in ``record.extra`` when a page's Last-Modified proved meaningless.
+MODIFIED_BAD_KEY = "lmx"
+#: Seconds: a Last-Modified closer than this to the response says nothing.
+RENDERED = 60.0
 
 
 def naive_rate(visits: int, changed: int, interval: float) -> float:
@@ -106,7 +129,76 @@ def counts(extra: MutableMapping[str, Any]) -> tuple[int, int, float, float]:
     return int(c[0]), int(c[1]), float(c[2]), float(c[3])
 
 
-History = tuple[float, float, float, float]
+def parse_http_date(value: str | None) -> float | None:
+    """A ``Last-Modified`` header as a UNIX timestamp, None when absent or
+    unreadable (then it is no change signal)."""
+    if not value:
+        return None
+    try:
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if parsed.tzinfo is None:  # RFC 9110 dates are GMT
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def observe_modified(extra: MutableMapping[str, Any], modified: float | None, now: float, previous: float,
+                     changed: bool, first: bool) -> bool:
+    """Add one visit's ``Last-Modified`` (``modified``, a timestamp) to the
+    observations kept in ``extra`` under :data:`MODIFIED_KEY`; ``previous``
+    is the time of the last visit. Returns True when the visit was counted
+    here, so that :func:`observe` must not count it again.
+
+    * First visit: the time since the last change, as a draw of the
+      page's backward recurrence time (counted in ``first``). A header
+      within a minute of the response (:data:`RENDERED`) is not counted,
+      here or later: pages rendered per request say "now", and taken at
+      their word they would look too fast to ever fetch again.
+    * A change, and the header moved past the previous visit: a change at
+      ``modified`` and none since.
+    * No change and the header did not move: nothing here (``observe``
+      counts the same ``e^(-lambda t)``).
+    * No change but the header moved: the header is rendered per request;
+      the page's observations are dropped and its header ignored from now on.
+    * A change the header places before the previous visit (a date without
+      its hour): the changed / unchanged bit alone.
+    """
+    if modified is None or modified > now or extra.get(MODIFIED_BAD_KEY):
+        return False
+    obs = extra.get(MODIFIED_KEY)
+    # A Last-Modified within a minute of the response is most likely the
+    # time it was rendered: kept to compare with the next one, not counted.
+    rendered = now - modified < RENDERED
+    if first or obs is None:
+        counted = first and not rendered
+        extra[MODIFIED_KEY] = [1, now - modified, modified, 1] if counted else [0, 0.0, modified, 0]
+        return counted
+    moved = modified > obs[2]
+    if changed and moved and modified > previous and not rendered:
+        obs[0] += 1
+        obs[1] += now - modified
+        obs[2] = modified
+        return True
+    if not changed and moved:
+        extra.pop(MODIFIED_KEY, None)
+        extra[MODIFIED_BAD_KEY] = 1
+        return False
+    obs[2] = max(obs[2], modified)
+    return False
+
+
+#: ``(changed, unchanged, changed_time, unchanged_time, modified_changes,
+#: modified_exposure, first_modified)``: a page's observations.
+History = tuple[float, float, float, float, float, float, float]
+
+
+def history(extra: MutableMapping[str, Any]) -> History:
+    """A page's observations: :func:`counts` and :func:`observe_modified`'s."""
+    m = extra.get(MODIFIED_KEY)
+    if m is None:
+        return (*counts(extra), 0, 0.0, 0)
+    return (*counts(extra), int(m[0]), float(m[1]), int(m[3]))
 
 _FLOOR = 1e-9  # the least weight of a rate
 
@@ -152,17 +244,26 @@ class RateDistribution:
         self.weights = [w / total for w in floored]
         self._log_weights = self._logs(self.weights)
 
-    def posterior(self, changed: float, unchanged: float, changed_time: float, unchanged_time: float) -> list[float]:
-        """The probability of each rate of :attr:`rates` given a page's counts."""
-        if changed <= 0 and unchanged <= 0:
+    def posterior(self, changed: float, unchanged: float, changed_time: float, unchanged_time: float,
+                  modified_changes: float = 0, modified_exposure: float = 0.0, first_modified: float = 0) -> list[float]:
+        """The probability of each rate of :attr:`rates` given a page's
+        observations (a :data:`History`). The first visit's time since the
+        last change is a density ``lambda e^(-lambda a)``; for a page that
+        never changes it is the time since the page was written, given the
+        density of the slowest rate of the grid."""
+        if changed <= 0 and unchanged <= 0 and modified_changes <= 0 and modified_exposure <= 0:
             return list(self.weights)
         mean_changed = changed_time / changed if changed > 0 else 0.0
+        exposure = unchanged_time + modified_exposure
         logs = []
         for rate, log_weight in zip(self.rates, self._log_weights):
             if rate == 0.0:
-                logs.append(log_weight if changed <= 0 else -math.inf)
+                static = changed <= 0 and modified_changes <= first_modified
+                logs.append(log_weight + first_modified * math.log(self.rates[1]) if static else -math.inf)
                 continue
-            ll = log_weight - rate * unchanged_time
+            ll = log_weight - rate * exposure
+            if modified_changes > 0:
+                ll += modified_changes * math.log(rate)
             if changed > 0:
                 x = rate * mean_changed
                 ll += changed * (math.log(-math.expm1(-x)) if x > 1e-12 else math.log(max(x, 1e-300)))
@@ -179,13 +280,14 @@ class RateDistribution:
     def fit(self, histories: Iterable[History], iterations: int = 1, sample: int = 1000,
             rng: random.Random | None = None) -> int:
         """Run ``iterations`` EM steps from the current weights over the
-        counts of up to ``sample`` pages (a uniform sample of those visited
-        at least twice; the others say nothing). Returns the pages used."""
+        observations of up to ``sample`` pages (a uniform sample of those
+        visited at least twice or once with a Last-Modified; the others say
+        nothing). Returns the pages used."""
         rng = rng or random.Random(0)
         chosen: list[History] = []
         seen = 0
         for h in histories:
-            if h[0] + h[1] <= 0:
+            if h[0] + h[1] <= 0 and h[4] + h[5] <= 0:
                 continue
             seen += 1
             if len(chosen) < sample:

@@ -41,6 +41,8 @@ __all__ = [
     "oracle_allocation",
     "optimal_frequency",
     "solve_mu",
+    "solve_mu_hosts",
+    "spend_curve",
 ]
 
 
@@ -225,23 +227,73 @@ def solve_mu(
     return math.sqrt(lo * hi)
 
 
-def fit_mu(
-    rates: Iterable[float],
-    pages: int,
+def _bisect_mu(total: Callable[[float], float], budget: float, lo: float, hi: float) -> float:
+    """The ``mu`` where ``total`` (decreasing) meets ``budget``, by bisection
+    in log space from the bracket ``[lo, hi]`` (widened as needed)."""
+    while total(lo) < budget and lo > 1e-300:
+        lo /= 1e3
+    while total(hi) > budget and hi < 1e300:
+        hi *= 1e3
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if total(mid) > budget:
+            lo = mid
+        else:
+            hi = mid
+        if hi <= lo * (1.0 + 1e-9):
+            break
+    return math.sqrt(lo * hi)
+
+
+def solve_mu_hosts(
+    spend: Mapping[str, Callable[[float], float]],
+    caps: Mapping[str, float],
     budget: float,
     *,
-    weights: Iterable[float] | None = None,
-    prior: float = 0.0,
-    prior_frequency: Callable[[float], float] | None = None,
-    f_min: float = 0.0,
-    f_max: float = math.inf,
-    bins_per_decade: int = 50,
-) -> float:
-    """:func:`solve_mu` for many pages at once: pages are grouped in
-    logarithmic bins of rate (and bins of 0.1 of weight), one pass, then a
-    bisection over the bins; pages beyond those with a rate count at
-    ``prior`` with weight 1, or are refetched at ``prior_frequency(mu)``
-    when it is given."""
+    scale: float = 1.0,
+) -> tuple[float, dict[str, float]]:
+    """The optimum under a global budget *and* each host's politeness
+    (Kolobov, Peres, Lubetzky and Horvitz, "Optimal Freshness Crawl Under
+    Politeness Constraints", SIGIR 2019).
+
+    ``spend[h](mu)`` is what host ``h``'s pages cost at the price ``mu``
+    (their optimal frequencies summed; decreasing in ``mu``) and ``caps[h]``
+    the most its politeness allows (same unit as ``budget``). The
+    Lagrangian has one multiplier for the budget and one per host, zero
+    unless the host's cap binds, so a page of host ``h`` is refetched at the
+    optimal frequency for the price ``max(mu, mu_h)``: a host that cannot
+    take its share of the budget gets its own, higher price ``mu_h``
+    (``spend[h](mu_h) == caps[h]``), and what it leaves is spent on the
+    others at a lower ``mu`` rather than lost. Returns ``mu`` and the
+    ``mu_h`` of the hosts whose cap binds. ``scale`` is a typical ``mu``
+    to start the bisections from.
+    """
+    capped: dict[str, float] = {}
+
+    def host_mu(h: str) -> float:
+        if h not in capped:
+            capped[h] = _bisect_mu(spend[h], caps[h], scale, scale)
+        return capped[h]
+
+    def total(mu: float) -> float:
+        return sum(min(caps.get(h, math.inf), f(mu)) for h, f in spend.items())
+
+    if sum(caps.get(h, math.inf) for h in spend) <= budget:
+        mu = 0.0  # every host at its cap: the budget is not what binds
+    else:
+        mu = _bisect_mu(total, budget, scale, scale)
+    binding = {h: host_mu(h) for h, f in spend.items() if h in caps and f(mu) > caps[h]}
+    return mu, {h: max(m, mu) for h, m in binding.items()}
+
+
+def _groups(
+    rates: Iterable[float],
+    pages: int,
+    weights: Iterable[float] | None,
+    prior: float,
+    prior_frequency: Callable[[float], float] | None,
+    bins_per_decade: int,
+) -> tuple[list[tuple[float, float, float]], tuple[float, Callable[[float], float]] | None]:
     bins: dict[tuple[int, int], int] = {}
     zero = seen = 0
     ws = iter(weights) if weights is not None else None
@@ -261,6 +313,27 @@ def fit_mu(
         groups.append((prior, 1.0, float(pages - seen)))
     if zero:
         groups.append((0.0, 1.0, float(zero)))
+    return groups, extra
+
+
+def fit_mu(
+    rates: Iterable[float],
+    pages: int,
+    budget: float,
+    *,
+    weights: Iterable[float] | None = None,
+    prior: float = 0.0,
+    prior_frequency: Callable[[float], float] | None = None,
+    f_min: float = 0.0,
+    f_max: float = math.inf,
+    bins_per_decade: int = 50,
+) -> float:
+    """:func:`solve_mu` for many pages at once: pages are grouped in
+    logarithmic bins of rate (and bins of 0.1 of weight), one pass, then a
+    bisection over the bins; pages beyond those with a rate count at
+    ``prior`` with weight 1, or are refetched at ``prior_frequency(mu)``
+    when it is given."""
+    groups, extra = _groups(rates, pages, weights, prior, prior_frequency, bins_per_decade)
     return solve_mu(
         [g[0] for g in groups],
         budget,
@@ -270,6 +343,29 @@ def fit_mu(
         f_max=f_max,
         extra=extra,
     )
+
+
+def spend_curve(
+    rates: Iterable[float],
+    pages: int,
+    *,
+    prior: float = 0.0,
+    prior_frequency: Callable[[float], float] | None = None,
+    f_min: float = 0.0,
+    f_max: float = math.inf,
+    bins_per_decade: int = 50,
+) -> Callable[[float], float]:
+    """What :func:`fit_mu`'s pages cost at a price ``mu``: their optimal
+    frequencies, clamped, summed (for :func:`solve_mu_hosts`)."""
+    groups, extra = _groups(rates, pages, None, prior, prior_frequency, bins_per_decade)
+
+    def spend(mu: float) -> float:
+        total = _clamped_total(groups, mu, f_min, f_max)
+        if extra is not None:
+            total += extra[0] * min(f_max, max(f_min, extra[1](mu)))
+        return total
+
+    return spend
 
 
 @dataclass(frozen=True)
@@ -323,26 +419,29 @@ class OracleSchedule(FetchSchedule):
         rates: Mapping[int, float],
         mu: float,
         weights: Mapping[int, float] | None = None,
+        host_mu: Mapping[str, float] | None = None,
         **params: Any,
     ) -> None:
         super().__init__(initial, min_delay, max_delay, factor, **params)
         self.rates = rates
         self.weights = weights
         self.mu = mu
+        #: The hosts whose politeness binds, with their own price (:func:`solve_mu_hosts`).
+        self.host_mu = dict(host_mu or {})
         self._delays: dict[int, float] = {}
 
     def rate(self, record: URLRecord) -> float:
         """The true change rate of ``record`` (per second)."""
         return self.rates[record.fingerprint]
 
-    def delay_for(self, fingerprint: int) -> float:
+    def delay_for(self, fingerprint: int, host: str = "") -> float:
         delay = self._delays.get(fingerprint)
         if delay is None:
             weight = 1.0 if self.weights is None else self.weights[fingerprint]
-            f = optimal_frequency(self.rates[fingerprint], self.mu, weight)
+            f = optimal_frequency(self.rates[fingerprint], self.host_mu.get(host, self.mu), weight)
             delay = self.clamp(1.0 / f if f > 0 else math.inf)
             self._delays[fingerprint] = delay
         return delay
 
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
-        return self.delay_for(record.fingerprint)
+        return self.delay_for(record.fingerprint, record.host)

@@ -18,12 +18,28 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vertical.policies.base import FetchSchedule
-from vertical.policies.estimate import RateDistribution, cho_irregular, counts, observe
-from vertical.policies.oracle import bayes_interval, fit_mu, marginal_gain, optimal_frequency
+from vertical.policies.estimate import (
+    MODIFIED_BAD_KEY,
+    RateDistribution,
+    cho_irregular,
+    counts,
+    history,
+    observe,
+    observe_modified,
+    parse_http_date,
+)
+from vertical.policies.oracle import (
+    bayes_interval,
+    fit_mu,
+    marginal_gain,
+    optimal_frequency,
+    solve_mu_hosts,
+    spend_curve,
+)
 from vertical.record import URLRecord
 
 __all__ = ["AdaptiveSchedule", "FixedSchedule", "NutchSchedule", "OptimalSchedule"]
@@ -144,7 +160,16 @@ class OptimalSchedule(FetchSchedule):
       faster than ``1 / mu`` are not worth chasing and wait ``max_delay``.
     * ``mu`` (seconds) is the price of a fetch. :meth:`set_budget` fits it to
       a budget; until then it is set so that a page changing once per
-      ``initial`` is refetched once per ``initial``.
+      ``initial`` is refetched once per ``initial``. A budget too small to
+      refetch every page within ``max_delay`` lengthens the longest delay
+      (:attr:`longest`): that floor may take at most ``max_share`` of it.
+      With ``hosts`` the price is fitted under each host's politeness too.
+    * With ``last_modified`` (the default) a page's ``Last-Modified``
+      (``record.last_modified``, set from the response before
+      :meth:`set_fetched`) is an observed change time
+      (:func:`~vertical.policies.estimate.observe_modified`), and
+      :meth:`sitemap_due` decides whether a sitemap's lastmod makes a page
+      worth fetching now.
     * Pages at ``level <= hub_level`` (the entry pages: home page and lists,
       which announce new pages) are not chased for their own freshness but
       for the pages they announce: see :meth:`hub_delay`. A change missed
@@ -167,11 +192,28 @@ class OptimalSchedule(FetchSchedule):
         hub_changes: float = 3.0,
         population: bool = True,
         mu: float | None = None,
+        last_modified: bool = True,
+        max_share: float = 0.5,
+        per_host: bool = True,
+        lastmod_due: str = "worth",
         **params: Any,
     ) -> None:
         super().__init__(initial, min_delay, max_delay, factor, **params)
         if prior_weight < 0:
             raise ValueError("optimal: prior_weight must not be negative")
+        if not 0 < max_share <= 1:
+            raise ValueError("optimal: max_share must be in (0, 1]")
+        self.last_modified = bool(last_modified)
+        self.per_host = bool(per_host)
+        if lastmod_due not in ("worth", "always", "never"):
+            raise ValueError("optimal: lastmod_due must be worth, always or never")
+        self.lastmod_due = lastmod_due
+        #: Host -> its own price of a fetch, for the hosts whose politeness binds.
+        self.host_mu: dict[str, float] = {}
+        self.max_share = float(max_share)
+        #: The longest delay in force: ``max_delay``, unless the budget cannot
+        #: afford it (see :meth:`set_budget`).
+        self.longest = self.max_delay
         base = self.clamp(self.initial) or self.max_delay or DAY
         self.prior_interval = float(prior_interval) if prior_interval else base
         # Pseudo-visits at the initial delay, split as a page of rate 1/initial would.
@@ -210,7 +252,7 @@ class OptimalSchedule(FetchSchedule):
         cached = record.extra.get(RATE_KEY)
         if cached is not None:
             return float(cached)
-        return self.population.mean(self.population.posterior(*counts(record.extra)))
+        return self.population.mean(self.population.posterior(*history(record.extra)))
 
     def learn(self, records: Iterable[URLRecord], iterations: int = 1, sample: int = 1000) -> int:
         """Fit the site's distribution of change rates to the counts of (a
@@ -219,17 +261,24 @@ class OptimalSchedule(FetchSchedule):
         Returns the number of pages that told something (visited twice)."""
         if self.population is None:
             return 0
-        histories = (counts(r.extra) for r in records if not self.is_hub(r))
+        histories = (history(r.extra) for r in records if not self.is_hub(r))
         return self.population.fit(histories, iterations, sample, self._rng)
 
-    def delay_for_rate(self, rate: float) -> float:
-        """The optimal refetch delay (clamped) for a page of this rate."""
-        f = optimal_frequency(rate, self.mu)
+    def delay_for_rate(self, rate: float, mu: float | None = None) -> float:
+        """The optimal refetch delay (clamped) for a page of this rate (at
+        the price ``mu``, by default the site's)."""
+        f = optimal_frequency(rate, self.mu if mu is None else mu)
         return self.clamp(1.0 / f if f > 0 else math.inf)
 
     # -- budget ---------------------------------------------------------------
 
-    def set_budget(self, fetches_per_day: float, pages: int, rates: Iterable[float] | None = None) -> None:
+    def set_budget(
+        self,
+        fetches_per_day: float,
+        pages: int,
+        rates: Iterable[float] | None = None,
+        hosts: Mapping[str, tuple[int, Sequence[float], float]] | None = None,
+    ) -> None:
         """Fit ``mu`` so that ``pages`` pages are refetched ``fetches_per_day``
         times a day in total: those with estimated ``rates`` (per second,
         from :meth:`rate`, for the pages visited at least twice) at their
@@ -241,11 +290,25 @@ class OptimalSchedule(FetchSchedule):
         (see ``hub_level``) and first fetches are outside this budget: leave
         them out of ``rates`` and ``fetches_per_day``. One pass over the
         rates, whatever their number.
+
+        ``hosts`` (for a site spanning several hosts, with ``per_host``)
+        splits the same pages by host: ``{host: (pages, rates, fetches a day
+        its politeness allows)}``. The price of a fetch is then fitted under
+        each host's politeness as well as the budget (Kolobov, Peres,
+        Lubetzky and Horvitz; :func:`~vertical.policies.oracle.solve_mu_hosts`):
+        a host that cannot take its share gets a higher price of its own
+        (:attr:`host_mu`) and the rest of the budget goes to the others.
         """
         if fetches_per_day < 0 or pages < 0:
             raise ValueError("optimal: the budget and the number of pages must not be negative")
         f_max = 1.0 / self.min_delay if self.min_delay > 0 else math.inf
         f_min = 1.0 / self.max_delay if self.max_delay > 0 else 0.0
+        if pages:
+            # refetch.max yields to the budget: visiting every page that
+            # often may take at most max_share of it. Past that the floor
+            # would be the whole allocation (round robin in all but name).
+            f_min = min(f_min, self.max_share * fetches_per_day / DAY / pages)
+        self.longest = 1.0 / f_min if f_min > 0 else self.max_delay
         unvisited = None
         if self.population is not None:
             # Pages never revisited all share one posterior, the population:
@@ -254,8 +317,18 @@ class OptimalSchedule(FetchSchedule):
             population = self.population
 
             def unvisited(mu: float) -> float:
-                return 1.0 / bayes_interval(population.rates, population.weights, mu, self.min_delay, self.max_delay)
+                return 1.0 / bayes_interval(population.rates, population.weights, mu, self.min_delay, self.longest)
 
+        if hosts and self.per_host:
+            spend = {
+                host: spend_curve(host_rates, host_pages, prior=self.rate_prior(), prior_frequency=unvisited,
+                                  f_min=f_min, f_max=f_max)
+                for host, (host_pages, host_rates, _) in hosts.items()
+            }
+            caps = {host: cap / DAY for host, (_, _, cap) in hosts.items()}
+            self.mu, self.host_mu = solve_mu_hosts(spend, caps, fetches_per_day / DAY, scale=self.mu or DAY)
+            return
+        self.host_mu = {}
         self.mu = fit_mu(
             () if rates is None else rates,
             pages,
@@ -265,6 +338,34 @@ class OptimalSchedule(FetchSchedule):
             f_min=f_min,
             f_max=f_max,
         )
+
+    def sitemap_due(self, record: URLRecord, modified: float, now: float) -> bool:
+        """A sitemap's lastmod says ``record`` changed at ``modified``, after
+        its last fetch: is it worth fetching now rather than when due?
+
+        Fetched now, the page is fresh until its next change, which comes
+        at the page's rate ``l``: over the ``D`` seconds until it was due
+        anyway that is ``(1 - e^(-l D)) / l`` seconds of freshness gained,
+        worth a fetch when more than its price. A page changing too fast to
+        be kept fresh (or whose lastmod moves without its content: see
+        :func:`~vertical.policies.estimate.observe_modified`) is left to its
+        schedule; with ``lastmod_due="always"`` every change is due now, with
+        ``"never"`` none."""
+        if self.lastmod_due != "worth":
+            return self.lastmod_due == "always"
+        if record.extra.get(MODIFIED_BAD_KEY):
+            return False
+        wait = record.next_fetch - now
+        if wait <= 0:
+            return False  # due already
+        rate = self.rate(record)
+        gain = wait if rate <= 0 else -math.expm1(-rate * wait) / rate
+        return gain > self.price(record)
+
+    def price(self, record: URLRecord) -> float:
+        """The price of a fetch of ``record``: ``mu``, or its host's when the
+        host's politeness binds (see :meth:`set_budget`)."""
+        return self.host_mu.get(record.host, self.mu) if self.host_mu else self.mu
 
     def rate_prior(self) -> float:
         """The rate assumed for a page never visited twice (per second)."""
@@ -277,19 +378,29 @@ class OptimalSchedule(FetchSchedule):
 
     # -- schedule -------------------------------------------------------------
 
+    def clamp(self, delay: float) -> float:
+        return min(self.longest, max(self.min_delay, delay))
+
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
-        if not first:
+        hub = self.is_hub(record)
+        counted = False
+        if self.last_modified and not hub:
+            # The header of this response (the commit sets it before this call).
+            modified = parse_http_date(record.last_modified)
+            counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
+        if not first and not counted:
             observe(record.extra, changed, now - record.fetch_time)
-        if self.is_hub(record):
-            return self.hub_delay(self.rate(record))
+        mu = self.price(record)
+        if hub:
+            return self.hub_delay(self.rate(record), mu)
         if self.population is None:
-            return self.delay_for_rate(self.rate(record))
-        posterior = self.population.posterior(*counts(record.extra))
+            return self.delay_for_rate(self.rate(record), mu)
+        posterior = self.population.posterior(*history(record.extra))
         # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = self.population.mean(posterior)
-        return bayes_interval(self.population.rates, posterior, self.mu, self.min_delay, self.max_delay)
+        return bayes_interval(self.population.rates, posterior, mu, self.min_delay, self.longest)
 
-    def hub_delay(self, rate: float) -> float:
+    def hub_delay(self, rate: float, mu: float | None = None) -> float:
         """The delay of an announcing page changing at ``rate``: each visit
         finds the pages announced since the last one, which waited half the
         delay ``T`` on average. At ``rate`` announcements a second that costs
@@ -302,7 +413,8 @@ class OptimalSchedule(FetchSchedule):
         pages drop off a list before they are seen)."""
         if rate <= 0:
             return self.max_delay
-        return self.clamp(min(math.sqrt(2.0 * self.mu / rate), self.hub_changes / rate))
+        mu = self.mu if mu is None else mu
+        return self.clamp(min(math.sqrt(2.0 * mu / rate), self.hub_changes / rate))
 
     def state(self) -> dict[str, Any]:
         """``mu`` and the learned distribution of rates, for the frontier to

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from email.utils import formatdate
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable
@@ -28,7 +29,7 @@ import numpy as np
 
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.base import FetchSchedule, PriorityPolicy
-from vertical.policies.oracle import OracleSchedule, solve_mu
+from vertical.policies.oracle import OracleSchedule, optimal_frequency, solve_mu, solve_mu_hosts
 from vertical.record import URLRecord
 from vertical.sim.scenario import Scenario
 from vertical.sim.site import Site
@@ -36,6 +37,9 @@ from vertical.sim.site import Site
 __all__ = ["FetchLog", "PolicySpec", "policy_specs", "simulate"]
 
 DAY = 86400.0
+#: The share of the budget the oracle may spend on keeping every page within
+#: refetch.max (OptimalSchedule's ``max_share`` default).
+ORACLE_MAX_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ def policy_specs(scn: Scenario) -> list[PolicySpec]:
             specs.append(PolicySpec("level", "fixed", "level", {"initial": DAY, "min_delay": 0.0}))
         elif name == "optimal":
             specs.append(PolicySpec("optimal", "optimal", "uniform"))
+        elif name in scn.custom_policies:
+            c = scn.custom_policies[name]
+            specs.append(PolicySpec(name, c["schedule"], c["priority"], dict(c.get("schedule_params") or {}),
+                                    dict(c.get("priority_params") or {})))
         elif name == "oracle":
             specs.append(PolicySpec("oracle", "oracle", "due", oracle="freshness"))
             specs.append(PolicySpec("oracle_q", "oracle", "due", oracle="q"))
@@ -130,14 +138,34 @@ def _build(spec: PolicySpec, site: Site, scn: Scenario, budget: float) -> tuple[
     rates = (site.rate / DAY).tolist()
     weights = np.log1p(site.size).tolist() if spec.oracle == "q" else None
     docs = slice(site.n_hubs, site.n)
-    mu = solve_mu(
-        rates[docs],
-        _refresh_fetches_per_day(site, scn, budget) / DAY,
-        weights=None if weights is None else weights[docs],
-        f_min=1.0 / ref["max"],
-        f_max=1.0 / ref["min"] if ref["min"] > 0 else math.inf,
-    )
-    return OracleSchedule(**base, rates=rates, weights=weights, mu=mu), priority
+    per_day = _refresh_fetches_per_day(site, scn, budget)
+    # The rule of OptimalSchedule.set_budget: refetch.max may take at most
+    # half the budget, past that the budget wins.
+    f_min = min(1.0 / ref["max"], ORACLE_MAX_SHARE * per_day / DAY / max(site.n - site.n_hubs, 1))
+    f_max = 1.0 / ref["min"] if ref["min"] > 0 else math.inf
+    host_mu: dict[str, float] = {}
+    if site.host is None:
+        mu = solve_mu(rates[docs], per_day / DAY, weights=None if weights is None else weights[docs],
+                      f_min=f_min, f_max=f_max)
+    else:  # the optimum under each host's politeness too (Kolobov et al.)
+        spend, caps = {}, {}
+        for h, (_, delay) in enumerate(scn.hosts_politeness):
+            mine = np.flatnonzero(site.host[site.n_hubs :] == h) + site.n_hubs
+            w = None if weights is None else [weights[i] for i in mine]
+            spend[f"h{h}"] = _spend_of([rates[i] for i in mine], w, f_min, f_max)
+            caps[f"h{h}"] = 1.0 / delay
+        mu, host_mu = solve_mu_hosts(spend, caps, per_day / DAY, scale=DAY)
+    return OracleSchedule(**{**base, "max_delay": 1.0 / f_min}, rates=rates, weights=weights, mu=mu,
+                          host_mu=host_mu), priority
+
+
+def _spend_of(rates: list[float], weights: list[float] | None, f_min: float, f_max: float) -> Callable[[float], float]:
+    w = [1.0] * len(rates) if weights is None else weights
+
+    def spend(mu: float) -> float:
+        return sum(min(f_max, max(f_min, optimal_frequency(r, mu, x))) for r, x in zip(rates, w))
+
+    return spend
 
 
 def simulate(
@@ -174,6 +202,18 @@ def simulate(
     created_new = site.created[first_new:].tolist()
     hub_pages = [h.tolist() for h in site.hub_pages]
     hub_times = [array("d", site.created[h].tobytes()) for h in site.hub_pages]
+    # Politeness: each host's fetches a tick at most, as a token bucket.
+    if site.host is None:
+        host_of: list[int] | None = None
+        host_names = ["sim"] * n
+    else:
+        host_of = site.host.tolist()
+        host_names = [f"h{h}" for h in host_of]
+        host_caps = [DAY / delay for _, delay in scn.hosts_politeness]  # fetches a day
+        host_tokens = [0.0] * len(host_caps)
+    publishes = None if site.publishes is None else site.publishes.tolist()
+    born_modified = None if site.born_modified is None else site.born_modified.tolist()
+    lag = None if site.lag is None else site.lag.tolist()
     cost_arr = _fetch_cost(site, scn)
     cost = None if cost_arr is None else cost_arr.tolist()
     by_seconds = cost is not None
@@ -197,7 +237,7 @@ def simulate(
     mean_cost = float(np.mean(cost_arr[n_hubs:])) if cost_arr is not None else 1.0
 
     def discover(i: int, parent: URLRecord | None, now_s: float) -> URLRecord:
-        rec = URLRecord(url=f"sim:{i}", fingerprint=i, site="sim", host="sim", level=level[i])
+        rec = URLRecord(url=f"sim:{i}", fingerprint=i, site="sim", host=host_names[i], level=level[i])
         schedule.set_discovered(rec, now_s)
         priority.on_discovered(rec, parent)
         recs[i] = rec
@@ -206,6 +246,37 @@ def simulate(
         heappush(pheap, (-rec.priority, i))
         queued[i] = 1
         return rec
+
+    def published(i: int, t: float) -> float:
+        """Page ``i``'s Last-Modified at time ``t`` (days)."""
+        if publishes[i] == 2:
+            return t
+        c = bisect_right(ct, t, off[i], off[i + 1])
+        return ct[c - 1] - lag[c - 1] if c > off[i] else born_modified[i]
+
+    sitemap_every = scn.lastmod.get("sitemap_hours", 0.0) / 24.0 if publishes is not None and not oracle else 0.0
+    next_sitemap = 0.0
+    sitemap_due = getattr(schedule, "sitemap_due", None)
+
+    def read_sitemap(now: float) -> None:
+        """The site's sitemap lists its pages with their lastmod: a known
+        page whose lastmod is after its last fetch has changed since, and
+        the schedule says whether it is worth fetching now (the crawler's
+        Scheduler.sitemap_entries); without an opinion, it is due now."""
+        now_s = now * DAY
+        for rec in documents:
+            i = rec.fingerprint
+            if not rec.visits or not publishes[i]:
+                continue
+            modified = published(i, now) * DAY
+            if modified <= rec.fetch_time or rec.next_fetch <= now_s:
+                continue
+            if sitemap_due is not None and not sitemap_due(rec, modified, now_s):
+                continue
+            rec.next_fetch = now_s
+            priority.on_discovered(rec, None)  # the priority of a page due now
+            heappush(pheap, (-rec.priority, i))
+            queued[i] = 1
 
     for i in range(0 if not oracle else n_hubs, first_new):
         discover(i, None, 0.0)
@@ -236,10 +307,24 @@ def simulate(
                 learn(documents)  # one EM step a day from where it was
             # Rates of the pages visited twice; the others count as unknown.
             rates = [rate_of(r) for r in documents if r.visits >= 2] if rate_of is not None and not oracle else None
-            fit_budget(max(per_day, 0.0), len(documents), rates)
+            if host_of is None or rates is None:
+                fit_budget(max(per_day, 0.0), len(documents), rates)
+            else:
+                # Each host's pages, rates and politeness (fetches a day).
+                known = np.bincount([host_of[r.fingerprint] for r in documents], minlength=len(host_caps))
+                by_host = {f"h{h}": (int(known[h]), [], cap) for h, cap in enumerate(host_caps)}
+                for r in documents:
+                    if r.visits >= 2:
+                        by_host[r.host][1].append(rate_of(r))
+                fit_budget(max(per_day, 0.0), len(documents), rates, hosts=by_host)
             overhead, last_budget, next_day = 0, now, now + 1.0
+        if sitemap_every and now >= next_sitemap:
+            read_sitemap(now)
+            next_sitemap = now + sitemap_every
         while theap and theap[0][0] <= now_s:
-            _, i = heappop(theap)
+            due, i = heappop(theap)
+            if due != recs[i].next_fetch:
+                continue  # brought forward by a sitemap and fetched since
             heappush(pheap, (-recs[i].priority, i))
             queued[i] = 1
         if by_seconds or site_wide:
@@ -248,11 +333,21 @@ def simulate(
             allowance = per_page_tick * (site.n_initial + bisect_right(created_new, now))
         tokens += allowance
         spent = 0.0
+        blocked: list[tuple[float, int]] = []
+        if host_of is not None:
+            for h, cap in enumerate(host_caps):  # idle politeness is lost, like idle budget
+                host_tokens[h] = min(host_tokens[h] + cap * tick, cap * tick + 1.0)
         while pheap and tokens >= threshold:
             neg, i = heappop(pheap)
             rec = recs[i]
             if not queued[i] or -neg != rec.priority:
                 continue  # an entry made stale by a priority change
+            if host_of is not None:
+                h = host_of[i]
+                if host_tokens[h] < 1.0:
+                    blocked.append((neg, i))  # its host's politeness: next tick
+                    continue
+                host_tokens[h] -= 1.0
             queued[i] = 0
             t = now + tick * min(spent / allowance, 0.999)
             t_s = t * DAY
@@ -273,6 +368,9 @@ def simulate(
                     outlinks.append(linked)
             elif first and i >= first_new:
                 overhead += 1  # a page found during the run; not the initial crawl
+            if publishes is not None and publishes[i]:
+                # The response's Last-Modified, set on the record as the commit does.
+                rec.last_modified = formatdate(published(i, t) * DAY, usegmt=True)
             set_fetched(rec, t_s, changed)
             if outlinks:
                 before = [o.priority for o in outlinks]
@@ -290,6 +388,8 @@ def simulate(
             spent += step
         if not pheap:
             tokens = min(tokens, 0.0 if by_seconds else 1.0)  # idle capacity is lost
+        for entry in blocked:
+            heappush(pheap, entry)
         if progress is not None and k % report_every == 0:
             progress(k / n_ticks)
     return FetchLog(

@@ -6,6 +6,9 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     static_share: 0.4                # pages that never change
     change_interval: {dist: lognormal, median_days: 7, sigma: 2.0}   # a page's mean time between changes
     # change_interval: {dist: weibull, shape: 0.8, scale_days: 10}
+    # change_interval: {dist: pareto, min_days: 0.5, alpha: 1.2}
+    lastmod: {share: 0.5, lag_days: 0, bogus_share: 0}  # pages sending Last-Modified (see below)
+    hosts: [{share: 0.6, delay_s: 180}, {share: 0.4, delay_s: 10}]   # one site, several hosts (see below)
     sizes: {dist: pareto, min_bytes: 2000, alpha: 1.5}
     hubs: {count: 5, list_length: 20, new_pages_per_day: 50}        # 0 new pages: a closed site
     budget: {fetches_per_page_per_day: [0.05, 0.2, 1.0]}           # or {seconds_per_day: [..], cost: {a: .., b: ..}}
@@ -14,11 +17,24 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     warmup_days: 30
     seeds: [1, 2, 3, 4, 5]
     policies: [uniform, adaptive, nutch, scent, level, optimal, oracle]
-    # any SCHEDULE+PRIORITY pair of vertical.policies also works, e.g. optimal+level
+    # any SCHEDULE+PRIORITY pair of vertical.policies also works, e.g. optimal+level,
+    # and so does a mapping {label: .., schedule: .., priority: .., schedule_params: {..}}
     # simulator settings
     refetch: {initial: 1d, min: 1h, max: 30d, factor: 2}   # the simulated site's config
     scent_delta_s: [1e-5, 1e-4, 1e-3]                     # the DeltaS sweep (per fetch)
     tick_minutes: 15                                      # one scheduler batch
+
+``lastmod``: a share of the documents answer with a ``Last-Modified``
+header: the time of their last change, or (``lag_days``) a time up to that
+much earlier (a date without its hour), or for ``bogus_share`` of them the
+time of the request (a page rendered on every request). The others send none.
+With ``sitemap_hours`` the same pages are listed in a sitemap with that
+lastmod, read every so many hours (a fetch not counted against the budget).
+
+``hosts``: the site's pages spread over hosts (``share`` of the documents
+each; the hubs are on the first), each fetched at most once per ``delay_s``
+seconds (its politeness), whatever the budget. Without it, one host with no
+limit but the budget.
 """
 
 from __future__ import annotations
@@ -66,6 +82,13 @@ class Scenario:
     )
     scent_delta_s: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     tick_minutes: float = 15.0
+    lastmod: Mapping[str, float] = field(
+        default_factory=lambda: {"share": 0.0, "lag_days": 0.0, "bogus_share": 0.0, "sitemap_hours": 0.0}
+    )
+    #: ``(share, delay_s)`` per host; empty: one host, no politeness limit.
+    hosts_politeness: tuple[tuple[float, float], ...] = ()
+    #: Policies given as mappings: label -> {schedule, priority, schedule_params, priority_params}.
+    custom_policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The scenario as written back to ``results.json``."""
@@ -86,12 +109,15 @@ class Scenario:
             "refetch": dict(self.refetch),
             "scent_delta_s": list(self.scent_delta_s),
             "tick_minutes": self.tick_minutes,
+            "lastmod": dict(self.lastmod),
+            "hosts": [{"share": a, "delay_s": b} for a, b in self.hosts_politeness],
+            "custom_policies": {k: dict(v) for k, v in self.custom_policies.items()},
         }
 
 
 _KEYS = {
     "pages", "static_share", "change_interval", "sizes", "hubs", "budget", "horizon_days", "warmup_days",
-    "seeds", "policies", "refetch", "scent_delta_s", "tick_minutes",
+    "seeds", "policies", "refetch", "scent_delta_s", "tick_minutes", "lastmod", "hosts",
 }
 
 
@@ -145,7 +171,8 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
     if "static_share" in data:
         kw["static_share"] = _number(data["static_share"], "static_share", low=0, high=1)
     if "change_interval" in data:
-        ci = _mapping(data["change_interval"], "change_interval", {"dist", "median_days", "sigma", "shape", "scale_days"})
+        ci = _mapping(data["change_interval"], "change_interval",
+                      {"dist", "median_days", "sigma", "shape", "scale_days", "min_days", "alpha"})
         dist = ci.get("dist")
         if dist == "lognormal":
             ci = {"dist": dist, "median_days": _number(ci.get("median_days"), "change_interval.median_days", low=1e-9),
@@ -153,8 +180,11 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
         elif dist == "weibull":
             ci = {"dist": dist, "shape": _number(ci.get("shape"), "change_interval.shape", low=1e-9),
                   "scale_days": _number(ci.get("scale_days"), "change_interval.scale_days", low=1e-9)}
+        elif dist == "pareto":
+            ci = {"dist": dist, "min_days": _number(ci.get("min_days"), "change_interval.min_days", low=1e-9),
+                  "alpha": _number(ci.get("alpha"), "change_interval.alpha", low=1e-9)}
         else:
-            raise ScenarioError(f"change_interval.dist: expected lognormal or weibull, got {dist!r}")
+            raise ScenarioError(f"change_interval.dist: expected lognormal, weibull or pareto, got {dist!r}")
         kw["change_interval"] = ci
     if "sizes" in data:
         s = _mapping(data["sizes"], "sizes", {"dist", "min_bytes", "alpha"})
@@ -203,8 +233,17 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             raise ScenarioError(f"seeds: expected a list of integers, got {data['seeds']!r}")
         kw["seeds"] = tuple(seeds)
     if "policies" in data:
-        pols = data["policies"] if isinstance(data["policies"], list) else [data["policies"]]
-        bad = [p for p in pols if not _known_policy(p)]
+        pols = list(data["policies"]) if isinstance(data["policies"], list) else [data["policies"]]
+        custom: dict[str, dict[str, Any]] = {}
+        for i, p in enumerate(pols):
+            if isinstance(p, Mapping):
+                m = _mapping(p, f"policies[{i}]", {"label", "schedule", "priority", "schedule_params", "priority_params"})
+                if not isinstance(m.get("label"), str) or not _known_policy(f"{m.get('schedule')}+{m.get('priority')}"):
+                    raise ScenarioError(f"policies[{i}]: needs a label and a known schedule and priority")
+                custom[m["label"]] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in m.items() if k != "label"}
+                pols[i] = m["label"]
+        kw["custom_policies"] = custom
+        bad = [p for p in pols if p not in custom and not _known_policy(p)]
         if bad or not pols:
             raise ScenarioError(
                 f"policies: unknown {bad!r} (known: {', '.join(POLICIES)}, or SCHEDULE+PRIORITY such as optimal+level)"
@@ -228,6 +267,23 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
         kw["scent_delta_s"] = _numbers(data["scent_delta_s"], "scent_delta_s")
     if "tick_minutes" in data:
         kw["tick_minutes"] = _number(data["tick_minutes"], "tick_minutes", low=1e-3)
+    if "hosts" in data:
+        if not isinstance(data["hosts"], list) or not data["hosts"]:
+            raise ScenarioError(f"hosts: expected a list of {{share, delay_s}}, got {data['hosts']!r}")
+        hosts = []
+        for i, h in enumerate(data["hosts"]):
+            h = _mapping(h, f"hosts[{i}]", {"share", "delay_s"})
+            hosts.append((_number(h.get("share"), f"hosts[{i}].share", low=0, high=1),
+                          _number(h.get("delay_s"), f"hosts[{i}].delay_s", low=1e-3)))
+        if abs(sum(a for a, _ in hosts) - 1.0) > 1e-6:
+            raise ScenarioError("hosts: the shares must add up to 1")
+        kw["hosts_politeness"] = tuple(hosts)
+    if "lastmod" in data:
+        lm = _mapping(data["lastmod"], "lastmod", {"share", "lag_days", "bogus_share", "sitemap_hours"})
+        kw["lastmod"] = {"share": _number(lm.get("share", 1.0), "lastmod.share", low=0, high=1),
+                         "lag_days": _number(lm.get("lag_days", 0.0), "lastmod.lag_days", low=0),
+                         "bogus_share": _number(lm.get("bogus_share", 0.0), "lastmod.bogus_share", low=0, high=1),
+                         "sitemap_hours": _number(lm.get("sitemap_hours", 0.0), "lastmod.sitemap_hours", low=0)}
     return Scenario(**kw)
 
 

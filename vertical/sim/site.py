@@ -41,6 +41,17 @@ class Site:
     offsets: np.ndarray
     hub_pages: tuple[np.ndarray, ...]
     list_length: int
+    #: Per page: 0 sends no Last-Modified, 1 sends its last change (less
+    #: ``lag``), 2 sends the time of the request (a bogus Last-Modified).
+    publishes: np.ndarray | None = None
+    #: Per page: its last change before it was first known (before day 0 for
+    #: the initial pages, its creation for the others).
+    born_modified: np.ndarray | None = None
+    #: Per change (aligned with ``change_times``): how much earlier than the
+    #: change the published Last-Modified says.
+    lag: np.ndarray | None = None
+    #: Per page: its host (an index into the scenario's ``hosts``; 0 for hubs).
+    host: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -63,6 +74,8 @@ def _rates(rng: np.random.Generator, n: int, scn: Scenario) -> np.ndarray:
     ci = scn.change_interval
     if ci["dist"] == "lognormal":
         mean_interval = np.exp(np.log(ci["median_days"]) + ci["sigma"] * rng.standard_normal(n))
+    elif ci["dist"] == "pareto":  # classical Pareto: min_days * (1 + Lomax(alpha))
+        mean_interval = ci["min_days"] * (1.0 + rng.pareto(ci["alpha"], n))
     else:
         mean_interval = ci["scale_days"] * rng.weibull(ci["shape"], n)
     mean_interval = np.maximum(mean_interval, 1e-9)
@@ -120,6 +133,30 @@ def make_site(scn: Scenario, seed: int) -> Site:
     hub_pages = tuple(new_ids[new_hub == h] for h in range(n_hubs))
     for h in range(n_hubs):
         rate[h] = len(hub_pages[h]) / horizon
+    publishes = born_modified = lag = None
+    lm = scn.lastmod
+    if lm["share"] > 0:
+        # Its own stream: the same seed gives the same site with or without Last-Modified.
+        r2 = np.random.default_rng([seed, 1])
+        publishes = np.zeros(n, dtype=np.int8)
+        sends = r2.random(n_docs) < lm["share"]
+        bogus = r2.random(n_docs) < lm["bogus_share"]
+        publishes[n_hubs:] = np.where(sends, np.where(bogus, 2, 1), 0)
+        # Changes before day 0 follow the same Poisson process (memoryless: the
+        # last one is an exponential time back); a static page was last
+        # modified when it was written, up to two years back.
+        born_modified = created.copy()
+        initial = np.arange(n_hubs, n_hubs + n_initial)
+        r = rate[initial]
+        back = np.where(r > 0, r2.exponential(1.0, n_initial) / np.where(r > 0, r, 1.0), r2.random(n_initial) * 730.0)
+        born_modified[initial] = -back
+        lag = r2.random(len(times)) * lm["lag_days"]
+    host = None
+    if scn.hosts_politeness:
+        shares = np.array([a for a, _ in scn.hosts_politeness])
+        r3 = np.random.default_rng([seed, 2])
+        host = np.zeros(n, dtype=np.int64)
+        host[n_hubs:] = r3.choice(len(shares), size=n_docs, p=shares / shares.sum())
     return Site(
         seed=seed,
         horizon=horizon,
@@ -134,4 +171,8 @@ def make_site(scn: Scenario, seed: int) -> Site:
         offsets=offsets,
         hub_pages=hub_pages,
         list_length=scn.list_length,
+        publishes=publishes,
+        born_modified=born_modified,
+        lag=lag,
+        host=host,
     )

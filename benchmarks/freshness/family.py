@@ -1,0 +1,161 @@
+"""The scenario family of benchmarks/FRESHNESS.md ("Small budgets"): sites the
+schedules were not tuned on, one by one, with fixed seeds.
+
+    python benchmarks/freshness/family.py write            # the scenario files
+    python benchmarks/freshness/family.py run [NAME ...]   # simulate (python -m vertical.sim each)
+    python benchmarks/freshness/family.py table            # gap closed, from the results
+
+Every scenario keeps the crawler's default site config (refetch: initial 1 day,
+min 1 hour, max 30 days) and budgets from 0.02 to 1 fetch per page per day.
+"Gap closed" is ``(policy - uniform) / (oracle - uniform)`` on the seeds'
+mean freshness, warm-up excluded.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+DIR = HERE / "family"
+BUDGETS = [0.02, 0.05, 0.2, 1.0]
+SEEDS = [11]  # one seed: the machine is shared (the issue's scenario and lm100 ran with 11 and 12)
+
+#: The schedules compared: ``before`` is the optimal schedule as it was before
+#: issue 16 (no Last-Modified, refetch.max a hard floor whatever the budget,
+#: every page whose sitemap lastmod moved due at once, as the scheduler does).
+POLICIES = [
+    "uniform",
+    {"label": "adaptive", "schedule": "adaptive", "priority": "due"},
+    {"label": "nutch", "schedule": "nutch", "priority": "due"},
+    {"label": "before", "schedule": "optimal", "priority": "due",
+     "schedule_params": {"last_modified": False, "max_share": 1.0, "lastmod_due": "always"}},
+    {"label": "after", "schedule": "optimal", "priority": "due"},
+    "oracle",
+]
+LASTMOD_POLICIES = ["uniform", POLICIES[3], POLICIES[4], "oracle"]
+
+LOGNORMAL = {"dist": "lognormal", "median_days": 7, "sigma": 2.0}
+NO_NEW = {"count": 0, "new_pages_per_day": 0}
+
+
+def _new(pages: int) -> dict:
+    """Announced pages at the standard scenario's rate (50 a day per 10^4 pages)."""
+    return {"count": max(1, pages // 2000), "list_length": 20, "new_pages_per_day": pages * 0.005}
+
+
+def scenarios() -> dict[str, dict]:
+    fam = {
+        # The issue's: a few thousand pages, heavy tail, many static pages, closed.
+        "lognormal-s40": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW, seeds=[11, 12]),
+        "lognormal-s40-new": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=_new(1000)),
+        "weibull0.5-s0": dict(pages=1000, static_share=0.0,
+                              change_interval={"dist": "weibull", "shape": 0.5, "scale_days": 7}, hubs=NO_NEW),
+        "weibull1.0-s20-new": dict(pages=1000, static_share=0.2,
+                                   change_interval={"dist": "weibull", "shape": 1.0, "scale_days": 7}, hubs=_new(1000)),
+        "weibull1.5-s60": dict(pages=1000, static_share=0.6,
+                               change_interval={"dist": "weibull", "shape": 1.5, "scale_days": 7}, hubs=NO_NEW),
+        "pareto1.0-s40": dict(pages=1000, static_share=0.4,
+                              change_interval={"dist": "pareto", "min_days": 1, "alpha": 1.0}, hubs=NO_NEW),
+        # 10^4 pages: the small budgets only, one seed (the machine is shared).
+        "lognormal-s60-new-1e4": dict(pages=10000, static_share=0.6, change_interval=LOGNORMAL, hubs=_new(10000),
+                                      seeds=[11], budgets=[0.02, 0.05], policies=LASTMOD_POLICIES),
+        # Last-Modified: truthful on half the pages; on 70%, a third of them
+        # rendering it per request, the others a day late (dates without hours).
+        "lognormal-s40-lm50": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                   lastmod={"share": 0.5}, policies=LASTMOD_POLICIES),
+        "lognormal-s40-lm-noisy": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                       lastmod={"share": 0.7, "lag_days": 1.0, "bogus_share": 0.3},
+                                       policies=LASTMOD_POLICIES),
+        "lognormal-s40-lm100": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                    lastmod={"share": 1.0}, policies=LASTMOD_POLICIES, seeds=[11, 12]),
+        # The same pages' lastmod in a sitemap read daily.
+        "lognormal-s40-lm50-sitemap": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                           lastmod={"share": 0.5, "sitemap_hours": 24}, policies=LASTMOD_POLICIES),
+        "lognormal-s40-lm-noisy-sitemap": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL,
+                                               hubs=NO_NEW, lastmod={"share": 0.7, "lag_days": 1.0,
+                                                                     "bogus_share": 0.3, "sitemap_hours": 24},
+                                               policies=LASTMOD_POLICIES),
+        # The 10^5 check: the smallest budget, half the pages in a sitemap, one seed.
+        "lognormal-s40-lm50-sitemap-1e5": dict(pages=100000, static_share=0.4, change_interval=LOGNORMAL,
+                                               hubs=NO_NEW, lastmod={"share": 0.5, "sitemap_hours": 24},
+                                               budgets=[0.02], seeds=[11], policies=LASTMOD_POLICIES),
+        # One site on three hosts of unequal size and politeness (Crawl-delay
+        # 540 s, 180 s, 30 s: 160, 480 and 2,880 fetches a day at most).
+        "hosts": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW, budgets=[0.2, 1.0],
+                      hosts=[{"share": 0.6, "delay_s": 540}, {"share": 0.3, "delay_s": 180},
+                             {"share": 0.1, "delay_s": 30}],
+                      policies=["uniform", {"label": "ceiling", "schedule": "optimal", "priority": "due",
+                                            "schedule_params": {"per_host": False}}, POLICIES[4], "oracle"]),
+    }
+    out = {}
+    for name, d in fam.items():
+        out[name] = {
+            "pages": d["pages"],
+            "static_share": d["static_share"],
+            "change_interval": d["change_interval"],
+            "sizes": {"dist": "pareto", "min_bytes": 2000, "alpha": 1.5},
+            "hubs": d["hubs"],
+            "budget": {"fetches_per_page_per_day": d.get("budgets", BUDGETS)},
+            "horizon_days": 120,
+            "warmup_days": 50,  # the first pass at 0.02 takes 50 days
+            "seeds": d.get("seeds", SEEDS),
+            "policies": d.get("policies", POLICIES),
+            "refetch": {"initial": "1d", "min": "1h", "max": "30d", "factor": 2},
+            "tick_minutes": 15,
+            **({"lastmod": d["lastmod"]} if "lastmod" in d else {}),
+            **({"hosts": d["hosts"]} if "hosts" in d else {}),
+        }
+    return out
+
+
+def write() -> None:
+    DIR.mkdir(exist_ok=True)
+    for name, scn in scenarios().items():
+        (DIR / f"{name}.yaml").write_text(yaml.safe_dump(scn, sort_keys=False), encoding="utf-8")
+
+
+def run(names: list[str]) -> None:
+    write()
+    for name in names or list(scenarios()):
+        subprocess.run([sys.executable, "-m", "vertical.sim", str(DIR / f"{name}.yaml"),
+                        "--out", str(DIR / name), "--jobs", "2"], check=True)
+
+
+def gap_table() -> str:
+    rows = ["| scenario | budget | uniform | oracle | adaptive | nutch | optimal before | optimal after |"
+            " host ceiling afterwards |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in scenarios():
+        path = DIR / name / "results.json"
+        if not path.exists():
+            continue
+        res = json.loads(path.read_text())["results"]
+        for b in sorted({e["budget"] for e in res}):
+            f = {e["policy"]: e["freshness"] for e in res if e["budget"] == b}
+            u, o = f["uniform"], f["oracle"]
+
+            def gap(p: str) -> str:
+                if p not in f:
+                    return "–"
+                return f"{f[p]:.3f} ({100 * (f[p] - u) / (o - u):.0f}%)" if o - u > 1e-9 else f"{f[p]:.3f}"
+
+            rows.append(f"| {name} | {b:g} | {u:.3f} | {o:.3f} | {gap('adaptive')} | {gap('nutch')} | "
+                        f"{gap('before')} | {gap('after')} | {gap('ceiling')} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else "table"
+    if cmd == "write":
+        write()
+    elif cmd == "run":
+        run(sys.argv[2:])
+    else:
+        table = gap_table()
+        (DIR / "gap.md").write_text(table, encoding="utf-8")
+        print(table)
