@@ -67,9 +67,9 @@ def free_port() -> int:
     return port
 
 
-def env() -> dict[str, str]:
+def env(repo: Path = REPO) -> dict[str, str]:
     e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e["PYTHONPATH"] = str(repo) + os.pathsep + e.get("PYTHONPATH", "")
     return e
 
 
@@ -151,7 +151,7 @@ def common_settings(args: argparse.Namespace, workdir: Path, tag: str) -> list[s
 def command(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: Path,
             store: str | None = None) -> tuple[list[str], Path]:
     """The crawl command and its working directory."""
-    if kind == "vertical":
+    if kind in ("vertical", "before"):
         cmd = [PY, "-m", "scrapy", "crawl", "vertical", "-a", f"site={site}",
                "-s", f"VERTICAL_STORE={store or f'sqlite:///{workdir / tag}.sqlite3'}"]
         cmd += common_settings(args, workdir, tag)
@@ -159,7 +159,7 @@ def command(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: 
             from vertical import settings as project
             cmd += ["-s", "EXTENSIONS=" + json.dumps({**project.EXTENSIONS, "benchmarks.throughput.probe.Probe": 0}),
                     "-s", f"PROBE_FILE={workdir / tag}.probe.json"]
-        cwd = REPO
+        cwd = args.before if kind == "before" else REPO
     else:
         spider = ["plain_spider.py", "-a", f"hosts={args.hosts}"] if args.site == "bulk" else \
             ["plain_crawlspider.py", "-a", f"site={args.site}"]
@@ -178,7 +178,8 @@ def run_one(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: 
     cmd, cwd = command(kind, args, workdir, tag, site)
     server_cpu0 = proc_cpu(server_pids)
     t0 = time.monotonic()
-    proc = subprocess.Popen([*prefix, *cmd], cwd=cwd, env=env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*prefix, *cmd], cwd=cwd, env=env(args.before if kind == "before" else REPO),
+                            stdout=subprocess.DEVNULL,
                             stderr=open(workdir / f"{tag}.stderr", "w"))
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - t0
@@ -211,7 +212,7 @@ def summarize(results: list[dict[str, Any]]) -> str:
              "| pages/s over the crawl | CPU s / 1000 pages | max RSS MB | server CPU, % of a core |",
              "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     med: dict[str, dict[str, float]] = {}
-    for kind in ("vertical", "plain"):
+    for kind in ("vertical", "before", "plain"):
         rs = [r for r in results if r["kind"] == kind]
         if not rs:
             continue
@@ -222,7 +223,7 @@ def summarize(results: list[dict[str, Any]]) -> str:
         lines.append(f"| {kind} | {len(rs)} | {m['pages']:.0f} | {m['wall']:.1f} | {m['pages_per_s_wall']:.0f} "
                      f"({lo:.0f}-{hi:.0f}) | {m['pages_per_s']:.0f} | {m['cpu_s_per_1000']:.2f} | "
                      f"{m['max_rss_mb']:.0f} | {100 * m['server_cpu_share']:.0f} |")
-    if len(med) == 2:
+    if "vertical" in med and "plain" in med:
         v, p = med["vertical"], med["plain"]
         # ratios of pairs run back to back are steadier on a noisy machine
         pairs = list(zip([r for r in results if r["kind"] == "vertical"], [r for r in results if r["kind"] == "plain"]))
@@ -233,6 +234,12 @@ def summarize(results: list[dict[str, Any]]) -> str:
                       f"{statistics.median(crawl):.2f} (per pair: {', '.join(f'{x:.2f}' for x in crawl)}); "
                       f"CPU per page {v['cpu_s_per_1000'] / p['cpu_s_per_1000']:.2f}, "
                       f"max RSS {v['max_rss_mb'] / p['max_rss_mb']:.2f}"]
+    if "before" in med and "plain" in med:
+        pairs = list(zip([r for r in results if r["kind"] == "before"], [r for r in results if r["kind"] == "plain"]))
+        wall = [a["pages_per_s_wall"] / b["pages_per_s_wall"] for a, b in pairs]
+        lines += ["", f"before / plain, whole process: median of pairs {statistics.median(wall):.2f} "
+                      f"(per pair: {', '.join(f'{x:.2f}' for x in wall)}); CPU per page "
+                      f"{med['before']['cpu_s_per_1000'] / med['plain']['cpu_s_per_1000']:.2f}"]
     return "\n".join(lines)
 
 
@@ -251,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", choices=("per-host", "one"), default="per-host")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--only", choices=("vertical", "plain"))
+    parser.add_argument("--before", type=Path,
+                        help="a checkout of an earlier vertical (git worktree add --detach DIR COMMIT): "
+                             "its crawl runs as a third kind, 'before', in every round")
     parser.add_argument("--profile", choices=("py-spy", "cprofile"), help="after the rounds, profile one vertical crawl")
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(PY).parent / "py-spy"),
                         help="the py-spy executable (it records idle samples too: --idle)")
@@ -285,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i in range(args.rounds):
             order = ["vertical", "plain"] if i % 2 == 0 else ["plain", "vertical"]
+            if args.before:
+                order.insert(1, "before")
             for kind in order:
                 if args.only and kind != args.only:
                     continue
