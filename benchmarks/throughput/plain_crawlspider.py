@@ -1,7 +1,7 @@
 """The plain-Scrapy baseline of the throughput benchmark on real sites (``run.py --site``).
 
 What a new user writes for a documentation site: a ``CrawlSpider`` with one
-rule that follows every link on the site's hosts and, on ``.html`` pages,
+rule that follows every link on the site's hosts and port and, on ``.html`` pages,
 extracts the same two fields as the ``vertical`` site config of
 :mod:`realsites` (``title``, ``heading``), yielded as items with a CRC32 of
 the fields. Scrapy's default scheduler and dupefilter.
@@ -31,12 +31,12 @@ _DOCUMENT = re.compile(DOCUMENT_MATCH)
 
 class PlainCrawlSpider(CrawlSpider):
     name = "plain"
-    rules = (Rule(LinkExtractor(unique=True), callback="parse_page", follow=True),)
-
     def __init__(self, site: str = "pydocs", port: int | str = 8000, **kwargs: Any) -> None:
         config = site_config(site, int(port), per_domain=1)
         self.start_urls = config["start_urls"]
         self.allowed_domains = config["allowed_domains"]
+        self.rules = (Rule(LinkExtractor(allow=config["follow"]["allow"], unique=True),
+                           callback="parse_page", follow=True),)
         super().__init__(**kwargs)
 
     def parse_start_url(self, response: Response, **kwargs: Any) -> Any:

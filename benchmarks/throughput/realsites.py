@@ -13,7 +13,7 @@ others come from ``apt-get download``::
 
 A *site* is one or more corpora, each on its own address (127.0.0.1,
 127.0.0.2, ...), crawled from each one's entry page. Both crawlers follow
-every link on the site's hosts (Scrapy's ``LinkExtractor`` defaults) and
+every link to the site's hosts and port (Scrapy's ``LinkExtractor`` defaults otherwise) and
 extract the same two fields from every ``.html`` page: ``title``
 (``//title``) and ``heading`` (the first ``h1``'s text).
 """
@@ -21,6 +21,7 @@ extract the same two fields from every ``.html`` page: ``title``
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import signal
 import subprocess
@@ -91,6 +92,10 @@ def address(index: int) -> str:
     return f"127.0.0.{index + 1}"
 
 
+def follow_allow(addresses: list[str], port: int) -> str:
+    return "^http://(?:" + "|".join(re.escape(a) for a in addresses) + f"):{port}/"
+
+
 def site_config(site: str, port: int, per_domain: int) -> dict[str, Any]:
     corpora = [CORPORA[n] for n in SITES[site]]
     addresses = [address(i) for i in range(len(corpora))]
@@ -98,6 +103,9 @@ def site_config(site: str, port: int, per_domain: int) -> dict[str, Any]:
         "name": site.replace("+", "p"),
         "start_urls": [f"http://{a}:{port}/{c.entry}" for a, c in zip(addresses, corpora, strict=True)],
         "allowed_domains": addresses,
+        # Only the served ports: the Django docs link http://127.0.0.1:8000/
+        # (runserver's address), which is not this site.
+        "follow": {"allow": [follow_allow(addresses, port)]},
         "documents": [{"name": "page", "match": DOCUMENT_MATCH, "fields": FIELDS, "required": ["title"]}],
         "refetch": {"initial": "1d", "min": "1h", "max": "30d", "factor": 2},
         "politeness": {"delay": 0, "concurrency": per_domain},
