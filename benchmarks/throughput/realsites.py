@@ -56,6 +56,7 @@ CORPORA = {c.name: c for c in (
 #: Sites: the corpora served, one address each.
 SITES = {
     **{name: (name,) for name in CORPORA},
+    "docs3": ("scrapy", "django", "postgresql"),
     "docs4": ("scrapy", "django", "pydocs", "postgresql"),
     "docs5": ("scrapy", "django", "pydocs", "postgresql", "libstdc++"),
 }
