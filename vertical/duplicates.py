@@ -80,12 +80,12 @@ def content_stream(root: Any) -> list[str]:
     One walk over ``<main>`` or ``<body>`` instead of the XPath: the XPath
     tests seven ancestor axes for every text node and sorts the union of
     text and attribute nodes into document order, several times the cost
-    of parsing a long page. Documents of an unusual shape (several or
-    nested ``<main>``, a ``<main>`` outside ``<body>``) take the XPath.
+    of parsing a long page. Documents of an unusual shape (several ``<main>``,
+    one outside ``<body>``, nesting deeper than Python recurses) take the XPath.
     """
     tree = root.getroottree()
     mains, bodies = _mains(tree), _bodies(tree)
-    if len(mains) > 1 or len(bodies) > 1 or (mains and bodies[0] not in set(mains[0].iterancestors())):
+    if len(mains) > 1 or len(bodies) > 1 or (mains and (not bodies or bodies[0] not in set(mains[0].iterancestors()))):
         return [str(s) for s in _content_xpath(tree)]
     out: list[str] = []
     try:
