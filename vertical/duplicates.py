@@ -173,17 +173,24 @@ _BIT_SET = [bytes(b >> bit & 1 for b in range(256)) for bit in range(8)]
 
 
 def _first_words(parts: Iterable[str], limit: int) -> list[str]:
-    """The first ``limit`` lower-cased words of ``" ".join(parts)``, reading
-    only as many parts as it takes (a long page's tail is never lowered)."""
-    parts = parts if isinstance(parts, list) else list(parts)
+    """The first ``limit`` lower-cased words of ``" ".join(parts)``, lowering
+    and splitting only about as much text as they take (a long page's tail
+    is never read)."""
+    text = " ".join(parts)
     words: list[str] = []
-    # Parts are joined with spaces, so a word never spans two chunks of parts.
-    chunk = 64
-    for start in range(0, len(parts), chunk):
-        words += _WORD.findall(" ".join(parts[start : start + chunk]).lower())
-        if len(words) >= limit:
-            break
+    end = 0
+    while len(words) < limit and end < len(text):
+        # Cut at a space: no word spans it, and lower-casing, which looks at
+        # the letters around a capital sigma, stops there too.
+        start, end = end, text.find(" ", end + _CHARS_PER_WORD * (limit - len(words)))
+        if end < 0:
+            end = len(text)
+        words += _WORD.findall(text[start:end].lower())
     return words[:limit]
+
+
+#: A guess at the characters a word takes, spaces and markup-free text included.
+_CHARS_PER_WORD = 8
 
 
 def page_hashes(parts: Iterable[str], near: bool = True, url: str | None = None) -> tuple[int | None, int | None]:
