@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from scrapy import signals
 from scrapy.http import HtmlResponse, TextResponse
 
-from vertical.duplicates import CONTENT_XPATH, DuplicateIndex, page_hashes
+from vertical.duplicates import DuplicateIndex, content_stream, page_hashes
 from vertical.record import FETCHED
 from vertical.scheduler import META_DUPLICATE, META_RECORD
 
@@ -86,8 +86,7 @@ class DuplicateContentMiddleware:
         if response.status != 200 or not isinstance(response, TextResponse):
             return response
         # lxml directly: parsel would wrap every text node in a Selector.
-        parts = response.selector.root.xpath(CONTENT_XPATH) if isinstance(response, HtmlResponse) \
-            else [response.text]
+        parts = content_stream(response.selector.root) if isinstance(response, HtmlResponse) else [response.text]
         content, simhash = page_hashes(parts, near=self.near, url=response.url)
         record.extra.pop(SIMILAR, None)
         if content is None:

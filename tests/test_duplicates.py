@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import random
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
+import xxhash
 from scrapy.http import HtmlResponse
 
 from tests.crawling import crawl, site_file
+from tests.docsite import PYDOCS_DEB, PYDOCS_HTML, pydocs_available
 from tests.test_robots import small_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
-from vertical.duplicates import CONTENT_XPATH, MIN_SHINGLES, DuplicateIndex, content_hash, page_hashes, simhash
+from vertical.duplicates import (
+    CONTENT_XPATH,
+    MAX_WORDS,
+    MIN_SHINGLES,
+    SHINGLE,
+    DuplicateIndex,
+    content_hash,
+    content_stream,
+    page_hashes,
+    simhash,
+)
 from vertical.frontier.sqlite import SQLiteFrontier
 from vertical.urls import fingerprint
 
@@ -99,6 +113,72 @@ def test_content_stream_skips_boilerplate_and_keeps_links():
     assert stream(page.format(1)) == ["Text ", "child", "more"]
     with_main = '<html><body><p>outside</p><main><h1>In</h1></main></body></html>'
     assert stream(with_main) == ["In"]
+
+
+def xpath_stream(body: str | bytes) -> list[str]:
+    """The content stream by its definition, :data:`CONTENT_XPATH`."""
+    body = body.encode() if isinstance(body, str) else body
+    return HtmlResponse("http://x/", body=body, encoding="utf-8").xpath(CONTENT_XPATH).getall()
+
+
+def walked_stream(body: str | bytes) -> list[str]:
+    body = body.encode() if isinstance(body, str) else body
+    return content_stream(HtmlResponse("http://x/", body=body, encoding="utf-8").selector.root)
+
+
+SHAPES = [
+    '<html><body><nav><a href="/">Home</a></nav><p>Text <a href="child">more</a></p>'
+    '<script>var t = 1</script> after<footer>generated <a href="f">at</a></footer> tail</body></html>',
+    '<html><body><p>outside</p><main><h1>In</h1><nav><a href="n">nav in main</a></nav>'
+    '<!-- a comment --> after the comment<style>p {}</style><noscript><a href="ns">no</a>script</noscript>'
+    '<template><p>t</p></template>end</main> out</body></html>',
+    '<html><body><div><main><p>deep <b>bold</b> <a>no href</a><a href="">empty</a></p></main></div></body></html>',
+    '<html><body><main><p>one</p><main><p>nested</p></main></main></body></html>',
+    '<html><body><main><p>first</p></main><aside><main>second</main></aside></body></html>',
+    '<html><body><noscript><main><p>hidden <a href="x">link</a></p></main></noscript></body></html>',
+    '<html><body><aside><a href="a">boilerplate</a></aside><section><nav>x</nav><a href="s">kept</a></section></body></html>',
+    '<html><head><title>t</title></head></html>',
+    '<p>fragment <a href="frag">only</a></p>',
+    "<html><body>" + "<div>" * 300 + "deep" + "</div>" * 300 + "</body></html>",
+]
+
+
+@pytest.mark.parametrize("body", SHAPES)
+def test_content_stream_is_what_the_content_xpath_selects(body):
+    assert walked_stream(body) == xpath_stream(body)
+
+
+@pytest.mark.skipif(not pydocs_available(), reason="needs ../shared/corpora and dpkg-deb")
+def test_content_stream_is_what_the_content_xpath_selects_on_real_pages(tmp_path):
+    subprocess.run(["dpkg-deb", "-x", str(PYDOCS_DEB), str(tmp_path)], check=True)
+    pages = sorted((tmp_path / PYDOCS_HTML).rglob("*.html"))
+    assert len(pages) > 500
+    for page in pages[::20]:  # the XPath takes ~20 ms a page
+        body = page.read_bytes()
+        assert walked_stream(body) == xpath_stream(body), page
+
+
+def reference_simhash(parts: list[str]) -> int | None:
+    """Charikar's simhash as written down: 64 counters, one vote per distinct shingle."""
+    words = re.findall(r"\w+", " ".join(parts).lower())[:MAX_WORDS]
+    shingles = {" ".join(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)}
+    if len(shingles) < MIN_SHINGLES:
+        return None
+    hashes = [xxhash.xxh64_intdigest(s.encode("utf-8", "surrogatepass")) for s in shingles]
+    return sum(1 << i for i in range(64) if 2 * sum(h >> i & 1 for h in hashes) > len(hashes))
+
+
+def test_simhash_is_charikars_over_the_first_words():
+    rng = random.Random(7)
+    alphabet = "aßİΣσçXY1_ -."
+    for _ in range(80):
+        words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))) for _ in range(rng.randint(0, 2500))]
+        parts, i = [], 0
+        while i < len(words):
+            n = rng.randint(1, 40)
+            parts.append(" ".join(words[i : i + n]))
+            i += n
+        assert simhash(parts) == reference_simhash(parts)
 
 
 # -- a crawl ------------------------------------------------------------------------------------------------

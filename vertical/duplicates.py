@@ -27,19 +27,22 @@ same content hash, or else one whose simhash is within a Hamming distance
 within ``threshold`` bits agree on at least one band, by pigeonhole), so a
 lookup reads a few buckets, never every page.
 
-No I/O and no Scrapy: the downloader middleware selects the stream with
-:data:`CONTENT_XPATH` and hands over the strings.
+No I/O and no Scrapy: the downloader middleware hands over the page's parsed
+tree, :func:`content_stream` selects the stream (the strings
+:data:`CONTENT_XPATH` selects, in one pass over the tree) and the hashes are
+computed from the strings.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import xxhash
+from lxml import etree
 
 __all__ = [
     "CONTENT_XPATH",
@@ -49,6 +52,7 @@ __all__ = [
     "DuplicateIndex",
     "Match",
     "content_hash",
+    "content_stream",
     "mask_url",
     "page_hashes",
     "simhash",
@@ -62,6 +66,57 @@ CONTENT_XPATH = (
     f" | (/html/body[not(.//main)]//text()[not({_NOT_CONTENT} or {_BOILERPLATE})]"
     f" | /html/body[not(.//main)]//a[not({_BOILERPLATE})]/@href)"
 )
+_content_xpath = etree.XPath(CONTENT_XPATH)
+_NOT_CONTENT_TAGS = frozenset({"script", "style", "noscript", "template"})
+_BOILERPLATE_TAGS = frozenset({"nav", "footer", "aside"})
+_mains = etree.XPath("//main")
+_bodies = etree.XPath("/html/body")
+
+
+def content_stream(root: Any) -> list[str]:
+    """The strings :data:`CONTENT_XPATH` selects in the parsed HTML page
+    ``root`` (an lxml element of the document), in document order.
+
+    One walk over ``<main>`` or ``<body>`` instead of the XPath: the XPath
+    tests seven ancestor axes for every text node and sorts the union of
+    text and attribute nodes into document order, several times the cost
+    of parsing a long page. Documents of an unusual shape (several ``<main>``,
+    one outside ``<body>``, nesting deeper than Python recurses) take the XPath.
+    """
+    tree = root.getroottree()
+    mains, bodies = _mains(tree), _bodies(tree)
+    if len(mains) > 1 or len(bodies) > 1 or (mains and (not bodies or bodies[0] not in set(mains[0].iterancestors()))):
+        return [str(s) for s in _content_xpath(tree)]
+    out: list[str] = []
+    try:
+        if mains:
+            (main,) = mains
+            # A <main> inside a <script>-like element: its hrefs count, not its text.
+            text = not any(a.tag in _NOT_CONTENT_TAGS for a in main.iterancestors())
+            _walk(main, text, frozenset(), out)
+        elif bodies:
+            _walk(bodies[0], True, _BOILERPLATE_TAGS, out)
+    except RecursionError:  # nested deeper than Python recurses
+        return [str(s) for s in _content_xpath(tree)]
+    return out
+
+
+def _walk(element: Any, text: bool, skip: frozenset[str], out: list[str]) -> None:
+    # Text nodes (an element's .text, its children's .tail) count unless an
+    # ancestor is a script-like element; link targets count everywhere;
+    # ``skip`` subtrees (boilerplate) count not at all.
+    if text and element.text:
+        out.append(element.text)
+    for child in element:
+        tag = child.tag
+        if isinstance(tag, str) and tag not in skip:
+            if tag == "a" and (href := child.get("href")) is not None:
+                out.append(href)
+            _walk(child, text and tag not in _NOT_CONTENT_TAGS, skip, out)
+        if text and child.tail:
+            out.append(child.tail)
+
+
 #: Words of a page's content stream that its simhash covers.
 MAX_WORDS = 1000
 #: Words per shingle.
@@ -74,7 +129,6 @@ MIN_SHINGLES = 32
 
 _WORD = re.compile(r"\w+")
 _MASK = (1 << 64) - 1
-_BYTE_BITS = [[i for i in range(8) if b >> i & 1] for b in range(256)]
 
 
 def _hash64(text: str) -> int:
@@ -95,22 +149,48 @@ def simhash(parts: Iterable[str]) -> int | None:
     fewer than :data:`MIN_SHINGLES` of them."""
     # The first MAX_WORDS words: enough to tell copies apart, and a bound on
     # the cost (one hash per shingle) of very long pages.
-    words = _WORD.findall(" ".join(parts).lower())[:MAX_WORDS]
-    shingles = {" ".join(words[i : i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)}
+    words = _first_words(parts, MAX_WORDS)
+    # The UTF-8 of a shingle is that of its words joined by spaces: each word is encoded once.
+    encoded = [w.encode("utf-8", "surrogatepass") for w in words]
+    shingles = set(map(b" ".join, zip(*(encoded[i:] for i in range(SHINGLE)))))
     if len(shingles) < MIN_SHINGLES:
         return None
-    # Count, for each of the 64 bit positions, the hashes that have it set:
-    # one C-level Counter per byte position over the packed hashes, then the
-    # 256 byte values' bits, instead of 64 Python steps per shingle.
-    packed = b"".join(_hash64(sh).to_bytes(8, "little") for sh in shingles)
-    counts = [0] * 64
-    for k in range(8):
-        for byte, n in Counter(packed[k::8]).items():
-            for bit in _BYTE_BITS[byte]:
-                counts[8 * k + bit] += n
+    # xxh64 digests are big-endian: byte 7 - k of each holds bits 8k..8k+7.
+    packed = b"".join(map(xxhash.xxh64_digest, shingles))
     half = len(shingles)
-    # Bit i is set when more than half of the shingle hashes have it set.
-    return sum(1 << i for i in range(64) if 2 * counts[i] > half)
+    value = 0
+    for k in range(8):
+        column = packed[7 - k :: 8]
+        for bit, table in enumerate(_BIT_SET):
+            # Bit 8k + bit is set when more than half of the shingle hashes have it set.
+            if 2 * column.translate(table).count(1) > half:
+                value |= 1 << (8 * k + bit)
+    return value
+
+
+#: bytes.translate tables: byte -> 1 when the bit is set in it, else 0.
+_BIT_SET = [bytes(b >> bit & 1 for b in range(256)) for bit in range(8)]
+
+
+def _first_words(parts: Iterable[str], limit: int) -> list[str]:
+    """The first ``limit`` lower-cased words of ``" ".join(parts)``, lowering
+    and splitting only about as much text as they take (a long page's tail
+    is never read)."""
+    text = " ".join(parts)
+    words: list[str] = []
+    end = 0
+    while len(words) < limit and end < len(text):
+        # Cut at a space: no word spans it, and lower-casing, which looks at
+        # the letters around a capital sigma, stops there too.
+        start, end = end, text.find(" ", end + _CHARS_PER_WORD * (limit - len(words)))
+        if end < 0:
+            end = len(text)
+        words += _WORD.findall(text[start:end].lower())
+    return words[:limit]
+
+
+#: A guess at the characters a word takes, spaces and markup-free text included.
+_CHARS_PER_WORD = 8
 
 
 def page_hashes(parts: Iterable[str], near: bool = True, url: str | None = None) -> tuple[int | None, int | None]:

@@ -21,7 +21,9 @@ from profile_report import _FRAME, short  # noqa: E402
 
 CATEGORIES = {
     "all samples": [""],
-    "spider callback (parse, all of it)": ["VerticalSpider.parse (", "PlainSpider.parse ("],
+    "idle (the reactor waiting in epoll)": ["EpollSelector.select ("],
+    "spider callback (parse, all of it)": ["VerticalSpider.parse (", "PlainSpider.parse (",
+                                           "CrawlSpider._parse_response (", "CrawlSpider.parse_with_rules ("],
     "  link extraction (LxmlLinkExtractor)": ["LxmlLinkExtractor.extract_links ("],
     "  vertical: canonicalize + fingerprint + host_of per link": [
         "canonicalize (vertical/urls.py)", "fingerprint (vertical/urls.py)", "host_of (vertical/urls.py)"],
@@ -29,6 +31,8 @@ CATEGORIES = {
     "  vertical: extract_records + diff_page + checksum": ["extract_records (", "diff_page ("],
     "vertical: duplicate-content hashes (DuplicateContentMiddleware, simhash)": [
         "DuplicateContentMiddleware.process_response ("],
+    "  content stream (CONTENT_XPATH or its walk)": ["content_stream (", "xpath (lxml"],
+    "  content hash + simhash": ["page_hashes ("],
     "per-link spider middlewares (Referer, Depth, UrlLength, Offsite)": [
         "RefererMiddleware.get_processed_request", "DepthMiddleware.get_processed_request",
         "UrlLengthMiddleware.get_processed_request", "OffsiteMiddleware.get_processed_request"],

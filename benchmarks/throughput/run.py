@@ -47,6 +47,9 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import realsites  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -64,14 +67,18 @@ def free_port() -> int:
     return port
 
 
-def env() -> dict[str, str]:
+def env(repo: Path = REPO) -> dict[str, str]:
     e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e["PYTHONPATH"] = str(repo) + os.pathsep + e.get("PYTHONPATH", "")
     return e
 
 
-def start_servers(pages: int, hosts: int, port: int, mode: str) -> list[subprocess.Popen]:
-    if mode == "one":
+def start_servers(pages: int, hosts: int, port: int, mode: str,
+                  roots: list[Path] | None = None) -> list[subprocess.Popen]:
+    if roots is not None:
+        cmds = [[PY, str(HERE / "realsites.py"), "--root", str(root), "--address", realsites.address(i),
+                 "--port", str(port)] for i, root in enumerate(roots)]
+    elif mode == "one":
         cmds = [[PY, "-m", "vertical.demo", "--bulk", str(pages), "--hosts", str(hosts), "--port", str(port)]]
     else:
         cmds = [[PY, str(HERE / "serve.py"), "--bulk", str(pages), "--hosts", str(hosts), "--index", str(i),
@@ -144,7 +151,7 @@ def common_settings(args: argparse.Namespace, workdir: Path, tag: str) -> list[s
 def command(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: Path,
             store: str | None = None) -> tuple[list[str], Path]:
     """The crawl command and its working directory."""
-    if kind == "vertical":
+    if kind in ("vertical", "before"):
         cmd = [PY, "-m", "scrapy", "crawl", "vertical", "-a", f"site={site}",
                "-s", f"VERTICAL_STORE={store or f'sqlite:///{workdir / tag}.sqlite3'}"]
         cmd += common_settings(args, workdir, tag)
@@ -152,10 +159,11 @@ def command(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: 
             from vertical import settings as project
             cmd += ["-s", "EXTENSIONS=" + json.dumps({**project.EXTENSIONS, "benchmarks.throughput.probe.Probe": 0}),
                     "-s", f"PROBE_FILE={workdir / tag}.probe.json"]
-        cwd = REPO
+        cwd = args.before if kind == "before" else REPO
     else:
-        cmd = [PY, "-m", "scrapy", "runspider", str(HERE / "plain_spider.py"),
-               "-a", f"hosts={args.hosts}", "-a", f"port={args.port}",
+        spider = ["plain_spider.py", "-a", f"hosts={args.hosts}"] if args.site == "bulk" else \
+            ["plain_crawlspider.py", "-a", f"site={args.site}"]
+        cmd = [PY, "-m", "scrapy", "runspider", str(HERE / spider[0]), *spider[1:], "-a", f"port={args.port}",
                "-s", "EXTENSIONS=" + json.dumps({"vertical.extensions.StatsFile": 0, **(
                    {"benchmarks.throughput.probe.Probe": 0} if getattr(args, "probe", False) else {})})]
         if getattr(args, "probe", False):
@@ -170,7 +178,8 @@ def run_one(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: 
     cmd, cwd = command(kind, args, workdir, tag, site)
     server_cpu0 = proc_cpu(server_pids)
     t0 = time.monotonic()
-    proc = subprocess.Popen([*prefix, *cmd], cwd=cwd, env=env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([*prefix, *cmd], cwd=cwd, env=env(args.before if kind == "before" else REPO),
+                            stdout=subprocess.DEVNULL,
                             stderr=open(workdir / f"{tag}.stderr", "w"))
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - t0
@@ -199,41 +208,62 @@ def run_one(kind: str, args: argparse.Namespace, workdir: Path, tag: str, site: 
 
 
 def summarize(results: list[dict[str, Any]]) -> str:
-    lines = ["| crawler | runs | pages | pages/s (median, min-max) | CPU s / 1000 pages | max RSS MB | server CPU, % of a core |",
-             "|---|---:|---:|---|---:|---:|---:|"]
+    lines = ["| crawler | runs | pages | process wall s (median) | pages/s over the process (median, min-max) "
+             "| pages/s over the crawl | CPU s / 1000 pages | max RSS MB | server CPU, % of a core |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     med: dict[str, dict[str, float]] = {}
-    for kind in ("vertical", "plain"):
+    for kind in ("vertical", "before", "plain"):
         rs = [r for r in results if r["kind"] == kind]
         if not rs:
             continue
         m = med[kind] = {k: statistics.median(r[k] for r in rs)
-                         for k in ("pages_per_s", "cpu_s_per_1000", "max_rss_mb", "server_cpu_share", "pages")}
-        lo, hi = min(r["pages_per_s"] for r in rs), max(r["pages_per_s"] for r in rs)
-        lines.append(f"| {kind} | {len(rs)} | {m['pages']:.0f} | {m['pages_per_s']:.0f} ({lo:.0f}-{hi:.0f}) | "
-                     f"{m['cpu_s_per_1000']:.2f} | {m['max_rss_mb']:.0f} | {100 * m['server_cpu_share']:.0f} |")
-    if len(med) == 2:
+                         for k in ("pages_per_s", "pages_per_s_wall", "wall", "cpu_s_per_1000", "max_rss_mb",
+                                   "server_cpu_share", "pages")}
+        lo, hi = min(r["pages_per_s_wall"] for r in rs), max(r["pages_per_s_wall"] for r in rs)
+        lines.append(f"| {kind} | {len(rs)} | {m['pages']:.0f} | {m['wall']:.1f} | {m['pages_per_s_wall']:.0f} "
+                     f"({lo:.0f}-{hi:.0f}) | {m['pages_per_s']:.0f} | {m['cpu_s_per_1000']:.2f} | "
+                     f"{m['max_rss_mb']:.0f} | {100 * m['server_cpu_share']:.0f} |")
+    if "vertical" in med and "plain" in med:
         v, p = med["vertical"], med["plain"]
         # ratios of pairs run back to back are steadier on a noisy machine
         pairs = list(zip([r for r in results if r["kind"] == "vertical"], [r for r in results if r["kind"] == "plain"]))
-        pair_ratios = [a["pages_per_s"] / b["pages_per_s"] for a, b in pairs]
-        lines += ["", f"vertical / plain: throughput {v['pages_per_s'] / p['pages_per_s']:.2f} "
-                      f"(per pair: {', '.join(f'{x:.2f}' for x in pair_ratios)}), "
+        wall = [a["pages_per_s_wall"] / b["pages_per_s_wall"] for a, b in pairs]
+        crawl = [a["pages_per_s"] / b["pages_per_s"] for a, b in pairs]
+        lines += ["", f"vertical / plain, whole process: median of pairs {statistics.median(wall):.2f} "
+                      f"(per pair: {', '.join(f'{x:.2f}' for x in wall)}); over the crawl's own elapsed time: "
+                      f"{statistics.median(crawl):.2f} (per pair: {', '.join(f'{x:.2f}' for x in crawl)}); "
                       f"CPU per page {v['cpu_s_per_1000'] / p['cpu_s_per_1000']:.2f}, "
                       f"max RSS {v['max_rss_mb'] / p['max_rss_mb']:.2f}"]
+    if "before" in med and "plain" in med:
+        pairs = list(zip([r for r in results if r["kind"] == "before"], [r for r in results if r["kind"] == "plain"]))
+        wall = [a["pages_per_s_wall"] / b["pages_per_s_wall"] for a, b in pairs]
+        lines += ["", f"before / plain, whole process: median of pairs {statistics.median(wall):.2f} "
+                      f"(per pair: {', '.join(f'{x:.2f}' for x in wall)}); CPU per page "
+                      f"{med['before']['cpu_s_per_1000'] / med['plain']['cpu_s_per_1000']:.2f}"]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--site", choices=("bulk", *realsites.SITES), default="bulk",
+                        help="bulk: the generated BulkSite; else real documentation (realsites.py)")
+    parser.add_argument("--corpora", type=Path, action="append", default=[],
+                        help="a directory holding the documentation .deb files (realsites.py)")
     parser.add_argument("--pages", type=int, default=20000)
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16, help="CONCURRENT_REQUESTS")
-    parser.add_argument("--per-domain", type=int, default=4, help="CONCURRENT_REQUESTS_PER_DOMAIN")
+    parser.add_argument("--per-domain", type=int,
+                        help="CONCURRENT_REQUESTS_PER_DOMAIN (default: 4 on the bulk site, --concurrency on real ones)")
     parser.add_argument("--servers", choices=("per-host", "one"), default="per-host")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--only", choices=("vertical", "plain"))
+    parser.add_argument("--before", type=Path,
+                        help="a checkout of an earlier vertical (git worktree add --detach DIR COMMIT): "
+                             "its crawl runs as a third kind, 'before', in every round")
     parser.add_argument("--profile", choices=("py-spy", "cprofile"), help="after the rounds, profile one vertical crawl")
+    parser.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(PY).parent / "py-spy"),
+                        help="the py-spy executable (it records idle samples too: --idle)")
     parser.add_argument("--profile-plain", action="store_true", help="profile one plain crawl too")
     parser.add_argument("--probe", action="store_true",
                         help="sample the downloader's fill (benchmarks/throughput/probe.py) into TAG.probe.json")
@@ -242,19 +272,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
     args = parser.parse_args(argv)
     args.port = args.port or free_port()
+    args.per_domain = args.per_domain or (4 if args.site == "bulk" else args.concurrency)
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vertical-throughput-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    site = site_config(workdir / "bulk.yaml", args.hosts, args.port, args.per_domain)
-    servers = start_servers(args.pages, args.hosts, args.port, args.servers)
+    if args.site == "bulk":
+        site = site_config(workdir / "bulk.yaml", args.hosts, args.port, args.per_domain)
+        servers = start_servers(args.pages, args.hosts, args.port, args.servers)
+        what = f"BulkSite of {args.pages} pages"
+    else:
+        roots = [realsites.unpack(realsites.CORPORA[n], args.corpora) for n in realsites.SITES[args.site]]
+        args.hosts = len(roots)
+        site = workdir / f"{args.site}.yaml"
+        site.write_text(yaml.safe_dump(realsites.site_config(args.site, args.port, args.per_domain), sort_keys=False))
+        servers = start_servers(0, args.hosts, args.port, "per-host", roots)
+        what = f"{args.site} ({', '.join(realsites.SITES[args.site])})"
     pids = [s.pid for s in servers]
-    print(f"BulkSite of {args.pages} pages on {args.hosts} hosts, port {args.port}, servers: {args.servers} "
+    print(f"{what} on {args.hosts} hosts, port {args.port}, servers: {args.servers} "
           f"({len(servers)} process(es)); CONCURRENT_REQUESTS={args.concurrency}, "
           f"PER_DOMAIN={args.per_domain}; work dir {workdir}", flush=True)
     results: list[dict[str, Any]] = []
     try:
         for i in range(args.rounds):
             order = ["vertical", "plain"] if i % 2 == 0 else ["plain", "vertical"]
+            if args.before:
+                order.insert(1, "before")
             for kind in order:
                 if args.only and kind != args.only:
                     continue
@@ -265,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             tag = f"{kind}-profile"
             if args.profile == "py-spy":
                 out = workdir / f"{tag}.txt"
-                prefix = [str(Path(PY).parent / "py-spy"), "record", "--format", "raw", "--rate", "200",
+                prefix = [args.py_spy, "record", "--format", "raw", "--rate", "200", "--idle",
                           "-o", str(out), "--"]
             else:
                 out = workdir / f"{tag}.prof"
@@ -292,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(table)
         args.out.write_text(json.dumps({
-            "pages": args.pages, "hosts": args.hosts, "concurrency": args.concurrency,
+            "site": args.site, "pages": results[0]["pages"] if args.site != "bulk" else args.pages, "hosts": args.hosts, "concurrency": args.concurrency,
             "per_domain": args.per_domain, "servers": args.servers, "runs": results, "summary": table,
         }, indent=1))
     if not args.keep and not args.profile:
