@@ -74,6 +74,7 @@ function twice when the reply to its ``EXEC`` was lost.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import json
 import logging
@@ -148,6 +149,8 @@ def _json(value: Any) -> bytes:
 
 
 def _uvarint(n: int) -> bytes:
+    if n < 128:
+        return _SMALL[n]
     out = bytearray()
     while True:
         byte = n & 0x7F
@@ -157,6 +160,9 @@ def _uvarint(n: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+_SMALL = [bytes((i,)) for i in range(128)]
 
 
 def _zz(n: int) -> int:
@@ -218,15 +224,22 @@ def _pack_date(value: str | None) -> bytes:
     """Last-Modified: an IMF-fixdate (RFC 9110) as 4 bytes, anything else as text."""
     if value is None:
         return b"\x00"
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-        stamp = int(when.timestamp())
-        if 0 <= stamp < 2**32 and email.utils.formatdate(stamp, usegmt=True) == value:
-            return b"\x01" + _U32.pack(stamp)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        pass
+    if m := _IMF_FIXDATE.fullmatch(value):
+        day, month, year, hour, minute, second = m.group(2, 3, 4, 5, 6, 7)
+        try:
+            when = datetime.datetime(int(year), _MONTHS.index(month) + 1, int(day), int(hour), int(minute),
+                                     int(second), tzinfo=datetime.timezone.utc)
+        except ValueError:
+            when = None
+        if when is not None and _DAYS[when.weekday()] == m.group(1) and 0 <= when.timestamp() < 2**32:
+            return b"\x01" + _U32.pack(int(when.timestamp()))
     raw = value.encode()
     return b"\x02" + _uvarint(len(raw)) + raw
+
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_IMF_FIXDATE = re.compile(r"(\w{3}), (\d\d) (\w{3}) (\d{4}) (\d\d):(\d\d):(\d\d) GMT")
 
 
 def _url_part(url: str, host: str) -> bytes:
@@ -511,8 +524,9 @@ local function idx_add(k)
   local bk = bkey(b)
   redis.call("ZADD", bk, 0, k)
   local n = redis.call("ZCARD", bk)
-  if n > BMAX then
-    -- Split: the upper half becomes a bucket of its own.
+  if n >= BMAX then
+    -- Split before Redis would convert the bucket to a skiplist (above
+    -- zset-max-listpack-entries): the upper half becomes a bucket of its own.
     local half = math.floor(n / 2)
     local upper = redis.call("ZRANGE", bk, half, -1)
     redis.call("ZREMRANGEBYRANK", bk, half, -1)
@@ -1665,7 +1679,15 @@ class RedisFrontier(Frontier):
     def _scan_buckets(self, site: str) -> Iterator[tuple[bytes, dict[bytes, bytes]]]:
         """(fp suffix, {fp head: packed record}) of every record hash of a site."""
         k = self._site(site)
-        buckets = list(self.layout().buckets(k.base))
+        layout = self.layout()
+        if self._retry(lambda _: self.client.dbsize()) < 2**layout.bucket_bits:
+            # A small store: its keys are fewer than a site's possible buckets.
+            width, whole = (layout.bucket_bits + 7) // 8, layout.bucket_bits // 8
+            pattern = re.sub(r"([\\*?\[\]])", r"\\\1", k.base) + ":r:*"
+            found = self._retry(lambda _: set(self.client.scan_iter(match=pattern, count=CHUNK)))
+            buckets = sorted((key, key[-width:][width - whole :] if whole else b"") for key in found)
+        else:
+            buckets = list(layout.buckets(k.base))
         for chunk in _chunks(buckets):
             def read(_: bool, c: Sequence[tuple[bytes, bytes]] = chunk) -> list[Any]:
                 pipe = self.client.pipeline(transaction=False)
