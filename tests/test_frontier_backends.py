@@ -9,6 +9,10 @@ and wait on when a lease must run out.
 from __future__ import annotations
 
 import dataclasses
+import json
+import struct
+import subprocess
+import sys
 import logging
 import multiprocessing
 import threading
@@ -941,3 +945,52 @@ def test_count_due_counts_what_is_due(frontier):
     assert frontier.count_due(SITE, NOW) == 2
     assert frontier.count_due(SITE, NOW + 61) == 3
     assert frontier.count_due("other", NOW) == 0
+
+
+def _v1_record(r: URLRecord) -> str:
+    """A record as the earlier Redis layout packed it (16 fields separated by \\x1f)."""
+    def opt(v):
+        return "" if v is None else json.dumps(v, ensure_ascii=False)
+
+    def js(v):
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False) if v else ""
+
+    return "\x1f".join((r.state, str(r.level), str(r.visits), repr(r.fetch_time), repr(r.next_fetch), r.host,
+                        repr(r.priority), str(r.checksum), repr(r.refetch_delay), str(r.http_status),
+                        str(r.changes), opt(r.etag), opt(r.last_modified), r.url, js(r.extra), js(r.docs)))
+
+
+def test_redis_store_of_the_earlier_layout_is_refused_then_migrated(redis_url):
+    """A store written by the earlier layout (one :urls hash, :due and :prio
+    sorted sets) is refused with the command that converts it; converted, it
+    keeps every record, claim and outbox row."""
+    records = [full_record(i, next_fetch=NOW - i) for i in range(30)] + [rec(40, state=TRAP, next_fetch=NOW + DAY)]
+    claimed = dataclasses.replace(records[3], claim_owner="a", claim_until=time.time() + 3600)  # store clock
+    records[3] = claimed
+    client = redis.Redis.from_url(redis_url)
+    base = f"vertical:{{{SITE}}}"
+    client.sadd("vertical:sites", SITE)
+    for r in records:
+        fp = struct.pack(">q", r.fingerprint)
+        client.hset(f"{base}:urls", fp, _v1_record(r))
+        client.zadd(f"{base}:due", {fp: r.next_fetch})
+        client.zadd(f"{base}:prio", {fp: r.priority})
+    client.zadd(f"{base}:parked:trap", {f"{records[-1].host}\x1f".encode() + struct.pack(">q", records[-1].fingerprint): 0})
+    client.hset(f"{base}:lease", struct.pack(">q", claimed.fingerprint), f"a\x1f{claimed.claim_until!r}")
+    client.hset(f"{base}:outbox", "a\x1f1", struct.pack(">q", claimed.fingerprint) + b"payload")
+    with open_frontier(redis_url) as store:
+        with pytest.raises(RuntimeError, match="python -m vertical.frontier.redis migrate"):
+            store.count_due(SITE, NOW)
+    done = subprocess.run([sys.executable, "-m", "vertical.frontier.redis", "migrate", redis_url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"{SITE}: {len(records)} records" in done.stdout
+    with open_frontier(redis_url) as store:
+        assert sorted(store.iter_records(SITE), key=lambda r: r.fingerprint) == sorted(
+            records, key=lambda r: r.fingerprint)
+        assert store.outbox_count(SITE) == 1
+        got = claim(store, "b", limit=100)
+        assert fps(got) == fps(records[:-1]) - {claimed.fingerprint}  # not the held one, nor the parked
+        assert store.wake(SITE, records[-1].host, TRAP, NOW) == 1
+    assert not {k for k in client.keys("*") if b":v1:" in k or k.endswith((b":urls", b":prio"))}
+    client.close()
