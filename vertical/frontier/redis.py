@@ -82,6 +82,7 @@ import re
 import struct
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -111,13 +112,17 @@ LAYOUT_VERSION = 2
 #: Record buckets: 2**bucket_bits hashes per site. 16 keeps buckets in
 #: listpacks from 10^5 (1.5 a bucket) to 10^8 (1,500) records a site; a store
 #: fixes it when it is created (``?bucket_bits=`` on the URI).
-DEFAULT_BUCKET_BITS = 16
+DEFAULT_BUCKET_BITS = 15
 #: Width of a due slot: the due index orders records by slot, then priority.
 DEFAULT_SLOT_SECONDS = 3600
 #: What the store asks of the server for its listpacks (never lowered).
 LISTPACK_CONFIG = {"hash-max-listpack-value": 512, "hash-max-listpack-entries": 1024}
 #: Entries of a due-index bucket, at most (below zset-max-listpack-entries).
 INDEX_BUCKET_MAX = 128
+#: A site's URL dictionary: made once it has this many records, from a
+#: sample of this many URLs, at most this long; looked for every so many
+#: records written.
+ZDICT_MIN_RECORDS, ZDICT_SAMPLE, ZDICT_BYTES, ZDICT_CHECK = 1000, 400, 8192, 5000
 
 SEP = "\x1f"
 _FP = struct.Struct(">q")
@@ -129,7 +134,8 @@ _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 #        uvarint zigzag level, uvarint zigzag visits, uvarint host id
 #        the floats, by tag: 0 zero (absent), 1 float32, 2 uint32, 3 float64
 # url:   uvarint length, then a tag byte (0 as is, 1 "http://" + host, 2
-#        "https://" + host) and the rest of the URL
+#        "https://" + host; 3 to 5 the same, deflated with the site's
+#        dictionary) and the rest of the URL
 # rest:  uvarint zigzag checksum, http_status, changes; etag (uvarint length
 #        + 2, 0 for None, 1 + uvarint length + bytes for a quoted even-length
 #        lowercase hex ETag); last_modified (0 None, 1 + uint32 an IMF-fixdate,
@@ -242,18 +248,26 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 _IMF_FIXDATE = re.compile(r"(\w{3}), (\d\d) (\w{3}) (\d{4}) (\d\d):(\d\d):(\d\d) GMT")
 
 
-def _url_part(url: str, host: str) -> bytes:
-    for tag in (1, 2):
-        prefix = _URL_PREFIXES[tag] + host
+def _url_part(url: str, host: str, squeeze: Any = None) -> bytes:
+    """The URL without its scheme and host when they are the record's, and
+    deflated with the site's dictionary (``squeeze``: a primed compressor)
+    when that is shorter."""
+    tag, rest = 0, url
+    for t in (1, 2):
+        prefix = _URL_PREFIXES[t] + host
         if url.startswith(prefix):
-            raw = bytes([tag]) + url[len(prefix):].encode()
+            tag, rest = t, url[len(prefix):]
             break
-    else:
-        raw = b"\x00" + url.encode()
-    return _uvarint(len(raw)) + raw
+    raw = rest.encode()
+    if squeeze is not None:
+        c = squeeze.copy()
+        packed = c.compress(raw) + c.flush()
+        if len(packed) < len(raw):
+            tag, raw = tag + 3, packed
+    return _uvarint(len(raw) + 1) + bytes((tag,)) + raw
 
 
-def _encode(r: URLRecord, host_id: int) -> bytes:
+def _encode(r: URLRecord, host_id: int, squeeze: Any = None) -> bytes:
     try:
         state = _STATE_INDEX[r.state]
     except KeyError:
@@ -268,7 +282,7 @@ def _encode(r: URLRecord, host_id: int) -> bytes:
         bytes((state | (8 if derived else 0), t_ft | t_nf << 2 | t_rd << 4 | t_pr << 6)),
         _uvarint(_zz(int(r.level))), _uvarint(_zz(int(r.visits))), _uvarint(host_id),
         b_ft, b_nf, b_rd, b_pr,
-        _url_part(r.url, r.host),
+        _url_part(r.url, r.host, squeeze),
         _uvarint(_zz(int(r.checksum))), _uvarint(_zz(int(r.http_status))), _uvarint(_zz(int(r.changes))),
         _pack_etag(r.etag), _pack_date(r.last_modified),
         _uvarint(len(extra := _json(r.extra))), extra, _json(r.docs),
@@ -303,11 +317,23 @@ def _head(b: bytes) -> _Head:
     return _Head(STATES[flags & 7], _unzz(level), _unzz(visits), host_id, ft, nf, rd, pr, i)
 
 
-def _read_url(b: bytes, i: int, host: str) -> tuple[str, int]:
+def _read_url(b: bytes, i: int, codec: _Codec) -> tuple[str, int]:
     n, i = _read_uvarint(b, i)
     tag = b[i]
-    rest = b[i + 1 : i + n].decode()
-    return (rest if tag == 0 else _URL_PREFIXES[tag] + host + rest), i + n
+    raw = b[i + 1 : i + n]
+    if tag >= 3:
+        tag -= 3
+        raw = zlib.decompressobj(-15, codec.zdict).decompress(raw)
+    rest = raw.decode()
+    return (rest if tag == 0 else _URL_PREFIXES[tag] + codec.host(_head(b).host_id) + rest), i + n
+
+
+class _Codec(NamedTuple):
+    """What decoding a site's records needs besides them: host names by id,
+    and the site's URL dictionary."""
+
+    host: Callable[[int], str]
+    zdict: bytes | None
 
 
 def _read_etag(b: bytes, i: int) -> tuple[str | None, int]:
@@ -330,10 +356,9 @@ def _read_date(b: bytes, i: int) -> tuple[str | None, int]:
     return b[i : i + n].decode(), i + n
 
 
-def _decode(site: str, fp: bytes, packed: bytes, lease: bytes | None, host: Callable[[int], str]) -> URLRecord:
+def _decode(site: str, fp: bytes, packed: bytes, lease: bytes | None, codec: _Codec) -> URLRecord:
     h = _head(packed)
-    hostname = host(h.host_id)
-    url, i = _read_url(packed, h.end, hostname)
+    url, i = _read_url(packed, h.end, codec)
     checksum, i = _read_uvarint(packed, i)
     status, i = _read_uvarint(packed, i)
     changes, i = _read_uvarint(packed, i)
@@ -347,7 +372,7 @@ def _decode(site: str, fp: bytes, packed: bytes, lease: bytes | None, host: Call
         owner, _, until_s = lease.decode().partition(SEP)
         until = float(until_s)
     return URLRecord(
-        url=url, fingerprint=_FP.unpack(fp)[0], site=site, host=hostname, level=h.level,
+        url=url, fingerprint=_FP.unpack(fp)[0], site=site, host=codec.host(h.host_id), level=h.level,
         state=h.state, claim_owner=owner, claim_until=until, checksum=_unzz(checksum),
         fetch_time=h.fetch_time, refetch_delay=h.refetch_delay, next_fetch=h.next_fetch,
         http_status=_unzz(status), etag=etag, last_modified=last_modified, visits=h.visits,
@@ -1114,6 +1139,7 @@ class _SiteKeys(NamedTuple):
     owners: str
     meta: str
     hosts: str
+    zdict: str
     parked: tuple[str, ...]  # in PARKED_STATES order
 
     @property
@@ -1175,6 +1201,7 @@ class RedisFrontier(Frontier):
         self._checked: set[str] = set()
         self._host_ids: dict[str, dict[str, int]] = {}
         self._host_names: dict[str, dict[int, str]] = {}
+        self._zdicts: dict[str, tuple[bytes | None, int, Any]] = {}  # site -> (dictionary, unchecked, compressor)
         self._claim = client.register_script(_CLAIM)
         self._next_due = client.register_script(_NEXT_DUE)
         self._count_due = client.register_script(_COUNT_DUE)
@@ -1217,7 +1244,7 @@ class RedisFrontier(Frontier):
     def _keys(self, site: str) -> _SiteKeys:
         base = f"{self.prefix}:{{{site}}}"
         return _SiteKeys(base, f"{base}:due", f"{base}:lease", f"{base}:leasez", f"{base}:n", f"{base}:outbox",
-                         f"{base}:owners", f"{base}:meta", f"{base}:hosts",
+                         f"{base}:owners", f"{base}:meta", f"{base}:hosts", f"{base}:zdict",
                          tuple(f"{base}:pk:{s}" for s in PARKED_STATES))
 
     @property
@@ -1338,20 +1365,63 @@ class RedisFrontier(Frontier):
                     ids[name] = int(host_id)
         return [ids[n] for n in names if n in ids]
 
-    def _host_namer(self, site: str, records: Iterable[bytes]) -> Callable[[int], str]:
-        """Host names of these packed records' ids (read once, then cached)."""
+    def _host_namer(self, site: str, records: Sequence[bytes]) -> _Codec:
+        """How to decode these packed records: their hosts' names (read
+        once, then cached) and the site's URL dictionary."""
         names = self._host_names.setdefault(site, {})
-        missing = sorted({_head(r).host_id for r in records} - names.keys())
+        heads = [_head(r) for r in records]
+        missing = sorted({h.host_id for h in heads} - names.keys())
         if missing:
             got = self._retry(lambda _: self.client.hmget(self._keys(site).hosts,
                                                           [b"\0" + str(i).encode() for i in missing]))
             for host_id, name in zip(missing, got):
                 names[host_id] = "" if name is None else name.decode()
-        return names.__getitem__
+        zdict = self._zdicts.get(site, (None, 0, None))[0]
+        if zdict is None and any(r[_read_uvarint(r, h.end)[1]] >= 3 for r, h in zip(records, heads)):
+            zdict = self._load_zdict(site)
+        return _Codec(names.__getitem__, zdict)
+
+    # -- the URL dictionary -------------------------------------------------------
+    # Once a site has ZDICT_MIN_RECORDS records, a sample of their URLs
+    # (without scheme and host) becomes its deflate dictionary, written once
+    # (SET NX) and never changed: URLs of later records are deflated with it
+    # when that makes them shorter (about 38 characters to 12-15 bytes).
+
+    def _load_zdict(self, site: str) -> bytes | None:
+        zdict = self._retry(lambda _: self.client.get(self._keys(site).zdict))
+        if zdict is not None:
+            squeeze = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, zdict)
+            self._zdicts[site] = (zdict, 0, squeeze)
+        return zdict
+
+    def _squeeze(self, site: str, n: int) -> Any:
+        """The primed compressor of the site's URLs, or None while it has no
+        dictionary (looked for again every ZDICT_CHECK records written)."""
+        entry = self._zdicts.get(site)
+        if entry is not None and entry[0] is not None:
+            return entry[2]
+        unchecked = (ZDICT_CHECK if entry is None else entry[1]) + n
+        if unchecked >= ZDICT_CHECK:
+            unchecked = 0
+            if self._load_zdict(site) is None and self.count(site) >= ZDICT_MIN_RECORDS:
+                self._retry(lambda _: self.client.set(self._keys(site).zdict, self._make_zdict(site), nx=True))
+                self._load_zdict(site)
+            if (found := self._zdicts.get(site)) is not None and found[0] is not None:
+                return found[2]
+        self._zdicts[site] = (None, unchecked, None)
+        return None
+
+    def _make_zdict(self, site: str) -> bytes:
+        rests = []
+        for r in self.sample(site, ZDICT_SAMPLE):
+            start = r.url.find("/", r.url.find("://") + 3)
+            rests.append(r.url[start:] if start >= 0 else "")
+        return "".join(rests).encode()[-ZDICT_BYTES:] or b"/"
 
     def _packed(self, site: str, records: Sequence[URLRecord]) -> list[bytes]:
         ids = self._hosts_of(site, (r.host for r in records))
-        return [_encode(r, ids[r.host]) for r in records]
+        squeeze = self._squeeze(site, len(records))
+        return [_encode(r, ids[r.host], squeeze) for r in records]
 
     # -- the store's clock ------------------------------------------------------
 
@@ -1629,7 +1699,7 @@ class RedisFrontier(Frontier):
             namer = self._host_namer(site, [p for p in packed if p is not None])
             for fp, p in zip(chunk, packed):
                 if p is not None:
-                    found[_FP.unpack(fp)[0]] = _read_url(p, _head(p).end, namer(_head(p).host_id))[0]
+                    found[_FP.unpack(fp)[0]] = _read_url(p, _head(p).end, namer)[0]
         return found
 
     def _read_packed(self, k: _SiteKeys, fps: Sequence[bytes], lease: bool = False) -> list[Any]:
