@@ -996,13 +996,13 @@ def test_redis_store_of_the_earlier_layout_is_refused_then_migrated(redis_url):
     client.close()
 
 
-def test_redis_deflates_urls_with_the_sites_dictionary(redis_url, monkeypatch, caplog):
-    """Once a site has enough records, its URLs are deflated with a
+def test_redis_writes_urls_with_the_sites_dictionary(redis_url, monkeypatch, caplog):
+    """Once a site has enough records, its URLs are written with a
     dictionary made from a sample of them: records written before and after
     read back the same, from this handle and from a new one, and a
     fingerprint collision is still told from a record found again."""
-    monkeypatch.setattr("vertical.frontier.redis.ZDICT_MIN_RECORDS", 50)
-    monkeypatch.setattr("vertical.frontier.redis.ZDICT_CHECK", 10)
+    monkeypatch.setattr("vertical.frontier.redis.URLDICT_MIN_RECORDS", 50)
+    monkeypatch.setattr("vertical.frontier.redis.URLDICT_CHECK", 10)
 
     def page(i: int) -> URLRecord:
         host = f"h{i % 3}.example"
@@ -1014,7 +1014,7 @@ def test_redis_deflates_urls_with_the_sites_dictionary(redis_url, monkeypatch, c
         store.add(before)
         after = [page(i) for i in range(60, 120)] + [dataclasses.replace(page(120), url="http://other.example/x")]
         store.add(after)
-        assert store.client.exists(f"vertical:{{{SITE}}}:zdict")
+        assert store.client.exists(f"vertical:{{{SITE}}}:urldict")
         layout = store.layout()
         stored = store.client.hget(*layout.bucket(f"vertical:{{{SITE}}}", struct.pack(">q", after[0].fingerprint)))
         assert len(stored) < len(_v1_record(after[0])) - len(after[0].url) + 20  # the URL takes < 20 bytes

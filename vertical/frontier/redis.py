@@ -82,7 +82,6 @@ import re
 import struct
 import sys
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -120,9 +119,8 @@ LISTPACK_CONFIG = {"hash-max-listpack-value": 512, "hash-max-listpack-entries": 
 #: Entries of a due-index bucket, at most (below zset-max-listpack-entries).
 INDEX_BUCKET_MAX = 128
 #: A site's URL dictionary: made once it has this many records, from a
-#: sample of this many URLs, at most this long; looked for every so many
-#: records written.
-ZDICT_MIN_RECORDS, ZDICT_SAMPLE, ZDICT_BYTES, ZDICT_CHECK = 1000, 400, 8192, 5000
+#: sample of this many URLs; looked for every so many records written.
+URLDICT_MIN_RECORDS, URLDICT_SAMPLE, URLDICT_CHECK = 1000, 400, 5000
 
 SEP = "\x1f"
 _FP = struct.Struct(">q")
@@ -134,8 +132,8 @@ _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 #        uvarint zigzag level, uvarint zigzag visits, uvarint host id
 #        the floats, by tag: 0 zero (absent), 1 float32, 2 uint32, 3 float64
 # url:   uvarint length, then a tag byte (0 as is, 1 "http://" + host, 2
-#        "https://" + host; 3 to 5 the same, deflated with the site's
-#        dictionary) and the rest of the URL
+#        "https://" + host; 3 to 5 the same, written with the site's
+#        dictionary, see _UrlDict) and the rest of the URL
 # rest:  uvarint zigzag checksum, http_status, changes; etag (uvarint length
 #        + 2, 0 for None, 1 + uvarint length + bytes for a quoted even-length
 #        lowercase hex ETag); last_modified (0 None, 1 + uint32 an IMF-fixdate,
@@ -248,10 +246,65 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 _IMF_FIXDATE = re.compile(r"(\w{3}), (\d\d) (\w{3}) (\d{4}) (\d\d):(\d\d):(\d\d) GMT")
 
 
-def _url_part(url: str, host: str, squeeze: Any = None) -> bytes:
+class _UrlDict:
+    """A site's URL dictionary: the text between the digit runs of its URLs
+    that comes back most often ("/catalogue/section-", ".html?page="), each
+    written as one byte above 0x7F (canonical URLs are ASCII), and digit
+    runs of 3 to 18 digits written as 0xF8 and a varint."""
+
+    TOKENS = 120
+    NUMBER = 0xF8
+    _DIGITS = re.compile(rb"(\d+)")
+
+    def __init__(self, raw: bytes) -> None:
+        self.tokens = raw.split(b"\n")[: self.TOKENS] if raw else []
+        self._code = {t: bytes((0x80 + i,)) for i, t in enumerate(self.tokens)}
+
+    @classmethod
+    def learn(cls, rests: Iterable[bytes]) -> bytes:
+        """The dictionary of a sample of URLs (without scheme and host)."""
+        counts: dict[bytes, int] = {}
+        for rest in rests:
+            for part in cls._DIGITS.split(rest)[::2]:
+                if len(part) >= 2 and part.isascii() and b"\n" not in part:
+                    counts[part] = counts.get(part, 0) + 1
+        best = sorted((p for p, c in counts.items() if c >= 2), key=lambda p: (-counts[p] * len(p), p))
+        return b"\n".join(best[: cls.TOKENS])
+
+    def pack(self, rest: bytes) -> bytes | None:
+        if not rest.isascii():
+            return None
+        out = []
+        for i, part in enumerate(self._DIGITS.split(rest)):
+            if i % 2 and 3 <= len(part) <= 18 and part[0] != 0x30:
+                out.append(b"\xf8" + _uvarint(int(part)))
+            elif part:
+                out.append(self._code.get(part, part))
+        return b"".join(out)
+
+    def unpack(self, b: bytes) -> bytes:
+        out = bytearray()
+        i, n = 0, len(b)
+        while i < n:
+            c = b[i]
+            if c < 0x80:
+                j = i + 1
+                while j < n and b[j] < 0x80:
+                    j += 1
+                out += b[i:j]
+                i = j
+            elif c == self.NUMBER:
+                value, i = _read_uvarint(b, i + 1)
+                out += str(value).encode()
+            else:
+                out += self.tokens[c - 0x80]
+                i += 1
+        return bytes(out)
+
+
+def _url_part(url: str, host: str, urldict: _UrlDict | None = None) -> bytes:
     """The URL without its scheme and host when they are the record's, and
-    deflated with the site's dictionary (``squeeze``: a primed compressor)
-    when that is shorter."""
+    written with the site's dictionary when that is shorter."""
     tag, rest = 0, url
     for t in (1, 2):
         prefix = _URL_PREFIXES[t] + host
@@ -259,15 +312,12 @@ def _url_part(url: str, host: str, squeeze: Any = None) -> bytes:
             tag, rest = t, url[len(prefix):]
             break
     raw = rest.encode()
-    if squeeze is not None:
-        c = squeeze.copy()
-        packed = c.compress(raw) + c.flush()
-        if len(packed) < len(raw):
-            tag, raw = tag + 3, packed
+    if urldict is not None and (packed := urldict.pack(raw)) is not None and len(packed) < len(raw):
+        tag, raw = tag + 3, packed
     return _uvarint(len(raw) + 1) + bytes((tag,)) + raw
 
 
-def _encode(r: URLRecord, host_id: int, squeeze: Any = None) -> bytes:
+def _encode(r: URLRecord, host_id: int, urldict: _UrlDict | None = None) -> bytes:
     try:
         state = _STATE_INDEX[r.state]
     except KeyError:
@@ -282,7 +332,7 @@ def _encode(r: URLRecord, host_id: int, squeeze: Any = None) -> bytes:
         bytes((state | (8 if derived else 0), t_ft | t_nf << 2 | t_rd << 4 | t_pr << 6)),
         _uvarint(_zz(int(r.level))), _uvarint(_zz(int(r.visits))), _uvarint(host_id),
         b_ft, b_nf, b_rd, b_pr,
-        _url_part(r.url, r.host, squeeze),
+        _url_part(r.url, r.host, urldict),
         _uvarint(_zz(int(r.checksum))), _uvarint(_zz(int(r.http_status))), _uvarint(_zz(int(r.changes))),
         _pack_etag(r.etag), _pack_date(r.last_modified),
         _uvarint(len(extra := _json(r.extra))), extra, _json(r.docs),
@@ -323,7 +373,7 @@ def _read_url(b: bytes, i: int, codec: _Codec) -> tuple[str, int]:
     raw = b[i + 1 : i + n]
     if tag >= 3:
         tag -= 3
-        raw = zlib.decompressobj(-15, codec.zdict).decompress(raw)
+        raw = codec.urldict.unpack(raw) if codec.urldict else raw
     rest = raw.decode()
     return (rest if tag == 0 else _URL_PREFIXES[tag] + codec.host(_head(b).host_id) + rest), i + n
 
@@ -333,7 +383,7 @@ class _Codec(NamedTuple):
     and the site's URL dictionary."""
 
     host: Callable[[int], str]
-    zdict: bytes | None
+    urldict: _UrlDict | None
 
 
 def _read_etag(b: bytes, i: int) -> tuple[str | None, int]:
@@ -1139,7 +1189,7 @@ class _SiteKeys(NamedTuple):
     owners: str
     meta: str
     hosts: str
-    zdict: str
+    urldict: str
     parked: tuple[str, ...]  # in PARKED_STATES order
 
     @property
@@ -1201,7 +1251,7 @@ class RedisFrontier(Frontier):
         self._checked: set[str] = set()
         self._host_ids: dict[str, dict[str, int]] = {}
         self._host_names: dict[str, dict[int, str]] = {}
-        self._zdicts: dict[str, tuple[bytes | None, int, Any]] = {}  # site -> (dictionary, unchecked, compressor)
+        self._urldicts: dict[str, tuple[_UrlDict | None, int]] = {}  # site -> (dictionary, records unchecked)
         self._claim = client.register_script(_CLAIM)
         self._next_due = client.register_script(_NEXT_DUE)
         self._count_due = client.register_script(_COUNT_DUE)
@@ -1244,7 +1294,7 @@ class RedisFrontier(Frontier):
     def _keys(self, site: str) -> _SiteKeys:
         base = f"{self.prefix}:{{{site}}}"
         return _SiteKeys(base, f"{base}:due", f"{base}:lease", f"{base}:leasez", f"{base}:n", f"{base}:outbox",
-                         f"{base}:owners", f"{base}:meta", f"{base}:hosts", f"{base}:zdict",
+                         f"{base}:owners", f"{base}:meta", f"{base}:hosts", f"{base}:urldict",
                          tuple(f"{base}:pk:{s}" for s in PARKED_STATES))
 
     @property
@@ -1376,52 +1426,50 @@ class RedisFrontier(Frontier):
                                                           [b"\0" + str(i).encode() for i in missing]))
             for host_id, name in zip(missing, got):
                 names[host_id] = "" if name is None else name.decode()
-        zdict = self._zdicts.get(site, (None, 0, None))[0]
-        if zdict is None and any(r[_read_uvarint(r, h.end)[1]] >= 3 for r, h in zip(records, heads)):
-            zdict = self._load_zdict(site)
-        return _Codec(names.__getitem__, zdict)
+        urldict = self._urldicts.get(site, (None, 0))[0]
+        if urldict is None and any(r[_read_uvarint(r, h.end)[1]] >= 3 for r, h in zip(records, heads)):
+            urldict = self._load_urldict(site)
+        return _Codec(names.__getitem__, urldict)
 
     # -- the URL dictionary -------------------------------------------------------
-    # Once a site has ZDICT_MIN_RECORDS records, a sample of their URLs
-    # (without scheme and host) becomes its deflate dictionary, written once
-    # (SET NX) and never changed: URLs of later records are deflated with it
-    # when that makes them shorter (about 38 characters to 12-15 bytes).
+    # Once a site has URLDICT_MIN_RECORDS records, a sample of their URLs
+    # (without scheme and host) makes its dictionary (_UrlDict), written once
+    # (SET NX) and never changed: URLs of later records are written with it
+    # when that makes them shorter (about 38 characters to 10-14 bytes).
 
-    def _load_zdict(self, site: str) -> bytes | None:
-        zdict = self._retry(lambda _: self.client.get(self._keys(site).zdict))
-        if zdict is not None:
-            squeeze = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, zdict)
-            self._zdicts[site] = (zdict, 0, squeeze)
-        return zdict
+    def _load_urldict(self, site: str) -> _UrlDict | None:
+        raw = self._retry(lambda _: self.client.get(self._keys(site).urldict))
+        if raw is None:
+            return None
+        self._urldicts[site] = (_UrlDict(raw), 0)
+        return self._urldicts[site][0]
 
-    def _squeeze(self, site: str, n: int) -> Any:
-        """The primed compressor of the site's URLs, or None while it has no
-        dictionary (looked for again every ZDICT_CHECK records written)."""
-        entry = self._zdicts.get(site)
-        if entry is not None and entry[0] is not None:
-            return entry[2]
-        unchecked = (ZDICT_CHECK if entry is None else entry[1]) + n
-        if unchecked >= ZDICT_CHECK:
+    def _urldict(self, site: str, n: int) -> _UrlDict | None:
+        """The site's URL dictionary, or None while it has none (looked for
+        again every URLDICT_CHECK records written)."""
+        urldict, unchecked = self._urldicts.get(site, (None, URLDICT_CHECK))
+        if urldict is not None:
+            return urldict
+        unchecked += n
+        if unchecked >= URLDICT_CHECK:
             unchecked = 0
-            if self._load_zdict(site) is None and self.count(site) >= ZDICT_MIN_RECORDS:
-                self._retry(lambda _: self.client.set(self._keys(site).zdict, self._make_zdict(site), nx=True))
-                self._load_zdict(site)
-            if (found := self._zdicts.get(site)) is not None and found[0] is not None:
-                return found[2]
-        self._zdicts[site] = (None, unchecked, None)
+            if (urldict := self._load_urldict(site)) is None and self.count(site) >= URLDICT_MIN_RECORDS:
+                rests = []
+                for r in self.sample(site, URLDICT_SAMPLE):
+                    start = r.url.find("/", r.url.find("://") + 3)
+                    rests.append(r.url[start:].encode() if start >= 0 else b"")
+                learnt = _UrlDict.learn(rests)
+                self._retry(lambda _: self.client.set(self._keys(site).urldict, learnt, nx=True))
+                urldict = self._load_urldict(site)
+            if urldict is not None:
+                return urldict
+        self._urldicts[site] = (None, unchecked)
         return None
-
-    def _make_zdict(self, site: str) -> bytes:
-        rests = []
-        for r in self.sample(site, ZDICT_SAMPLE):
-            start = r.url.find("/", r.url.find("://") + 3)
-            rests.append(r.url[start:] if start >= 0 else "")
-        return "".join(rests).encode()[-ZDICT_BYTES:] or b"/"
 
     def _packed(self, site: str, records: Sequence[URLRecord]) -> list[bytes]:
         ids = self._hosts_of(site, (r.host for r in records))
-        squeeze = self._squeeze(site, len(records))
-        return [_encode(r, ids[r.host], squeeze) for r in records]
+        urldict = self._urldict(site, len(records))
+        return [_encode(r, ids[r.host], urldict) for r in records]
 
     # -- the store's clock ------------------------------------------------------
 
