@@ -953,19 +953,13 @@ for k = 0, nrec - 1 do
     rset(fp, rec)
     park(fp, oh and oh.state, oh and oh.host, h.state, h.host)
     local held = was_held
-    if owner == "" then
-      if own ~= "" then
-        redis.call("HSET", LEASE, fp, own)
-        redis.call("ZADD", LEASEZ, lease_until(own), fp)
-        held = true
-      else
-        redis.call("HDEL", LEASE, fp)
-        redis.call("ZREM", LEASEZ, fp)
-        held = false
-      end
-    elseif release then
-      redis.call("HDEL", LEASE, fp)
-      redis.call("ZREM", LEASEZ, fp)
+    if owner == "" and own ~= "" then
+      redis.call("HSET", LEASE, fp, own)
+      redis.call("ZADD", LEASEZ, lease_until(own), fp)
+      held = true
+    elseif owner == "" or release then
+      if l then redis.call("HDEL", LEASE, fp) end
+      if was_held then redis.call("ZREM", LEASEZ, fp) end
       held = false
     end
     if not held then idx_add(ikey(fp, h)) end
