@@ -1227,19 +1227,24 @@ class RedisFrontier(Frontier):
     ``client`` is any redis-py client (bytes replies, no ``decode_responses``);
     :meth:`from_uri` builds one with scrapy-redis. ``patience`` is how long
     an operation retries while Redis is unreachable; ``prefix`` starts every
-    key; ``bucket_bits`` sizes the record hashes of a new store (an existing
-    store keeps its own).
+    key; ``bucket_bits`` (2**bucket_bits record hashes a site) and
+    ``slot_seconds`` (the width of a due slot) are the layout of a new store
+    (an existing store keeps its own: see ``benchmarks/REDIS.md`` for sizes).
     """
 
     def __init__(self, client: redis.Redis, *, uri: str = "", prefix: str = DEFAULT_PREFIX,
-                 patience: float = DEFAULT_PATIENCE, bucket_bits: int = DEFAULT_BUCKET_BITS) -> None:
+                 patience: float = DEFAULT_PATIENCE, bucket_bits: int = DEFAULT_BUCKET_BITS,
+                 slot_seconds: int = DEFAULT_SLOT_SECONDS) -> None:
         if not 0 <= bucket_bits <= 24:
             raise ValueError(f"bucket_bits={bucket_bits}: from 0 to 24")
+        if slot_seconds < 1:
+            raise ValueError(f"slot_seconds={slot_seconds}: at least 1")
         self.client = client
         self.uri = uri
         self.prefix = prefix
         self.patience = patience
         self.bucket_bits = bucket_bits
+        self.slot_seconds = slot_seconds
         self._layout: _Layout | None = None
         self._registered: set[str] = set()
         self._checked: set[str] = set()
@@ -1264,9 +1269,10 @@ class RedisFrontier(Frontier):
     @classmethod
     def from_uri(cls, uri: str, redis_params: dict[str, Any] | None = None) -> RedisFrontier:
         """Connect as scrapy-redis does: its default ``REDIS_PARAMS`` updated
-        with ``redis_params`` (the ``REDIS_PARAMS`` setting). Three query
+        with ``redis_params`` (the ``REDIS_PARAMS`` setting). Four query
         parameters of ``uri`` are this class's own, ``patience`` (seconds),
-        ``prefix`` and ``bucket_bits``; the rest go to redis-py."""
+        ``prefix``, and ``bucket_bits`` and ``slot_seconds`` (the layout of
+        a new store); the rest go to redis-py."""
         parts = urlsplit(uri)
         query = dict(parse_qsl(parts.query))
         options: dict[str, Any] = {}
@@ -1274,8 +1280,9 @@ class RedisFrontier(Frontier):
             options["patience"] = float(query.pop("patience"))
         if "prefix" in query:
             options["prefix"] = query.pop("prefix")
-        if "bucket_bits" in query:
-            options["bucket_bits"] = int(query.pop("bucket_bits"))
+        for name in ("bucket_bits", "slot_seconds"):
+            if name in query:
+                options[name] = int(query.pop(name))
         url = urlunsplit(parts._replace(query=urlencode(query)))
         params = {**scrapy_redis_defaults.REDIS_PARAMS, **(redis_params or {})}
         # Records are bytes with a binary fingerprint; never decode replies.
@@ -1307,7 +1314,7 @@ class RedisFrontier(Frontier):
                 pipe = self.client.pipeline(transaction=True)
                 pipe.hsetnx(self._layout_key, "version", LAYOUT_VERSION)
                 pipe.hsetnx(self._layout_key, "bucket_bits", self.bucket_bits)
-                pipe.hsetnx(self._layout_key, "slot_seconds", DEFAULT_SLOT_SECONDS)
+                pipe.hsetnx(self._layout_key, "slot_seconds", self.slot_seconds)
                 pipe.hgetall(self._layout_key)
                 return pipe.execute()[-1]
 
