@@ -3,14 +3,15 @@
 Key layout, for each site (``{site}`` is a Redis Cluster hash tag, so one
 site's keys live in one slot and every script touches one slot only)::
 
-    vertical:{site}:r:<prefix>  hash  fp tail -> packed record (records bucketed
-                                      by the first ``bucket_bits`` of fp)
+    vertical:{site}:r:<suffix>  hash  fp head -> packed record (records bucketed
+                                      by the last ``bucket_bits`` bits of fp)
     vertical:{site}:due         zset  the due index's bucket boundaries (lexical)
     vertical:{site}:d:<bound>   zset  due index entries from <bound> on (lexical)
     vertical:{site}:lease       hash  fp -> "owner\\x1fclaim_until" (claimed records only)
     vertical:{site}:leasez      zset  fp scored by claim_until (records out of the due index)
     vertical:{site}:n           string  number of records
     vertical:{site}:hosts       hash  host -> id, "\\0" id -> host, "\\0next" -> last id
+    vertical:{site}:urldict     string  the site's URL dictionary (see _UrlDict)
     vertical:{site}:pk:forbidden, vertical:{site}:pk:trap
                                 zset  host id (4 bytes) + fp, all scored 0 (lexical ranges by host)
     vertical:{site}:meta        hash  key -> JSON value
@@ -27,11 +28,12 @@ bytes a record at 10^6):
 * A record is a packed binary string (:func:`_encode`): a head that the Lua
   scripts read and rewrite (state, level, visits, host id, fetch_time,
   next_fetch, refetch_delay, priority; floats in 0, 4 or 8 bytes, exact
-  both ways), then the URL with its scheme and host replaced by a tag, the
-  rest (checksum, status, validators, extra, docs) for Python only.
-  Records live in hashes of a few dozen to a few hundred records each,
-  keyed by the fingerprint's first ``bucket_bits`` bits: the hash field is
-  the rest of the fingerprint.
+  both ways), then the URL with its scheme and host replaced by a tag and
+  the rest written with the site's dictionary, then what only Python reads
+  (checksum, status, validators, extra, docs). Records live in hashes of a
+  few dozen to a few hundred records each, keyed by the fingerprint's last
+  ``bucket_bits`` bits (its URL hash; the first bits are the host's): the
+  hash field is the rest of the fingerprint.
 * The due index is one ordered set of 20-byte entries ``slot | -priority |
   fp`` (slot: ``next_fetch // slot_seconds``, 4 bytes big-endian;
   ``-priority`` as order-preserving 8 bytes), spread over lexical sorted
