@@ -369,15 +369,15 @@ def _head(b: bytes) -> _Head:
     return _Head(STATES[flags & 7], _unzz(level), _unzz(visits), host_id, ft, nf, rd, pr, i)
 
 
-def _read_url(b: bytes, i: int, codec: _Codec) -> tuple[str, int]:
+def _read_url(b: bytes, i: int, host: str, urldict: _UrlDict | None) -> tuple[str, int]:
     n, i = _read_uvarint(b, i)
     tag = b[i]
     raw = b[i + 1 : i + n]
     if tag >= 3:
         tag -= 3
-        raw = codec.urldict.unpack(raw) if codec.urldict else raw
+        raw = urldict.unpack(raw) if urldict else raw
     rest = raw.decode()
-    return (rest if tag == 0 else _URL_PREFIXES[tag] + codec.host(_head(b).host_id) + rest), i + n
+    return (rest if tag == 0 else _URL_PREFIXES[tag] + host + rest), i + n
 
 
 class _Codec(NamedTuple):
@@ -410,7 +410,8 @@ def _read_date(b: bytes, i: int) -> tuple[str | None, int]:
 
 def _decode(site: str, fp: bytes, packed: bytes, lease: bytes | None, codec: _Codec) -> URLRecord:
     h = _head(packed)
-    url, i = _read_url(packed, h.end, codec)
+    host = codec.host(h.host_id)
+    url, i = _read_url(packed, h.end, host, codec.urldict)
     checksum, i = _read_uvarint(packed, i)
     status, i = _read_uvarint(packed, i)
     changes, i = _read_uvarint(packed, i)
@@ -424,7 +425,7 @@ def _decode(site: str, fp: bytes, packed: bytes, lease: bytes | None, codec: _Co
         owner, _, until_s = lease.decode().partition(SEP)
         until = float(until_s)
     return URLRecord(
-        url=url, fingerprint=_FP.unpack(fp)[0], site=site, host=codec.host(h.host_id), level=h.level,
+        url=url, fingerprint=_FP.unpack(fp)[0], site=site, host=host, level=h.level,
         state=h.state, claim_owner=owner, claim_until=until, checksum=_unzz(checksum),
         fetch_time=h.fetch_time, refetch_delay=h.refetch_delay, next_fetch=h.next_fetch,
         http_status=_unzz(status), etag=etag, last_modified=last_modified, visits=h.visits,
@@ -759,7 +760,9 @@ while true do
   if s > last then break end
   local cur = {slot = string.sub(e, 1, 4)}
   if after == "" then
-    if fill(cur, e, true) then push(cur) end
+    -- The slot's first entry: the rest is read when it is taken.
+    cur.buf, cur.i, cur.key = {e}, 1, string.sub(e, 5)
+    push(cur)
   elseif fill(cur, cur.slot .. after, false) then
     push(cur)
   end
@@ -1750,7 +1753,8 @@ class RedisFrontier(Frontier):
             namer = self._host_namer(site, [p for p in packed if p is not None])
             for fp, p in zip(chunk, packed):
                 if p is not None:
-                    found[_FP.unpack(fp)[0]] = _read_url(p, _head(p).end, namer)[0]
+                    h = _head(p)
+                    found[_FP.unpack(fp)[0]] = _read_url(p, h.end, namer.host(h.host_id), namer.urldict)[0]
         return found
 
     def _read_packed(self, k: _SiteKeys, fps: Sequence[bytes], lease: bool = False) -> list[Any]:
