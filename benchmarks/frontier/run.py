@@ -16,7 +16,7 @@ Building the store (``--build``):
 * ``add``: ``Frontier.add`` in batches of ``--batch`` (256) records, one
   transaction each, as the scheduler inserts discovered links; the rate is
   reported for the whole build and for its last tenth;
-* ``save`` (Redis only): ``Frontier.save`` of batches of 10 000 records, as
+* ``save`` (Redis only): ``Frontier.save`` of batches of 2 000 records, as
   an import writes them;
 * ``sql`` (SQLite only; the default above 2*10^6): rows in fingerprint order
   straight into the same table with ``executemany`` in big transactions,
@@ -159,7 +159,7 @@ def build_add(store, n: int, batch: int, priority_mode: str) -> dict[str, Any]:
             "records_per_s_last_tenth": (n - ldone) / ((time.perf_counter() - lt) - (gen - lgen))}
 
 
-def build_save(store, n: int, priority_mode: str, batch: int = 10_000) -> dict[str, Any]:
+def build_save(store, n: int, priority_mode: str, batch: int = 2_000) -> dict[str, Any]:
     """Redis: ``Frontier.save`` of big batches (an import), one script call each."""
     t_start = time.perf_counter()
     gen = 0.0
