@@ -863,8 +863,14 @@ local now = tonumber(ARGV[5])
 local ns = slot_of(now)
 local p = struct.pack(">I4", ns)
 local n = 0
-for _, b in ipairs(redis.call("ZRANGEBYLEX", TOP, "-", "(" .. p)) do
-  n = n + redis.call("ZLEXCOUNT", bkey(b), "-", "(" .. p)
+local below = redis.call("ZRANGEBYLEX", TOP, "-", "(" .. p)
+for k, b in ipairs(below) do
+  -- Whole buckets but the last, whose next bound is past the slot.
+  if k < #below then
+    n = n + redis.call("ZCARD", bkey(b))
+  else
+    n = n + redis.call("ZLEXCOUNT", bkey(b), "-", "(" .. p)
+  end
 end
 local c, inclusive = p, true
 while true do
