@@ -975,7 +975,8 @@ def test_redis_store_of_the_earlier_layout_is_refused_then_migrated(redis_url):
         client.hset(f"{base}:urls", fp, _v1_record(r))
         client.zadd(f"{base}:due", {fp: r.next_fetch})
         client.zadd(f"{base}:prio", {fp: r.priority})
-    client.zadd(f"{base}:parked:trap", {f"{records[-1].host}\x1f".encode() + struct.pack(">q", records[-1].fingerprint): 0})
+    trap = records[-1]
+    client.zadd(f"{base}:parked:trap", {f"{trap.host}\x1f".encode() + struct.pack(">q", trap.fingerprint): 0})
     client.hset(f"{base}:lease", struct.pack(">q", claimed.fingerprint), f"a\x1f{claimed.claim_until!r}")
     client.hset(f"{base}:outbox", "a\x1f1", struct.pack(">q", claimed.fingerprint) + b"payload")
     with open_frontier(redis_url) as store:
