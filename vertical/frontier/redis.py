@@ -780,7 +780,10 @@ while #heap > 0 do
   if rec and eligible(rhead(rec)) then
     local l = redis.call("HGET", LEASE, fp)
     if not l or lease_until(l) < t then
-      hold(fp, rec, lease_value, till)
+      -- An entry of the index is no claimed record's: take it out by its key.
+      idx_del(e)
+      redis.call("HSET", LEASE, fp, lease_value)
+      redis.call("ZADD", LEASEZ, till, fp)
       out[#out + 1] = fp
       out[#out + 1] = rec
       n = n + 1
