@@ -22,8 +22,8 @@ site's keys live in one slot and every script touches one slot only)::
 
 ``fp`` is the fingerprint as 8 big-endian bytes (signed). Memory is what
 bounds a shared frontier, so every per-record structure is a small
-listpack-encoded hash or sorted set (``benchmarks/REDIS.md``: about 130
-bytes a record at 10^6):
+listpack-encoded hash or sorted set (``benchmarks/REDIS.md``: 89 to 139
+bytes a record at 10^6, against 468 to 566 for the earlier layout):
 
 * A record is a packed binary string (:func:`_encode`): a head that the Lua
   scripts read and rewrite (state, level, visits, host id, fetch_time,
