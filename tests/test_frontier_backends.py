@@ -9,6 +9,10 @@ and wait on when a lease must run out.
 from __future__ import annotations
 
 import dataclasses
+import json
+import struct
+import subprocess
+import sys
 import logging
 import multiprocessing
 import threading
@@ -863,11 +867,14 @@ def test_redis_keys_of_a_site_share_one_hash_tag(redis_url):
         got = claim(store)
         store.save(got[:1], owner="a", release=False, outbox={got[0].fingerprint: [(1, "x")]})
         store.set_meta(SITE, "k", 1)
-        keys = {k.decode() for k in store.client.keys("*")}
-    assert keys - {"vertical:sites"} == {
-        f"vertical:{{{s}}}:{k}" for s in (SITE, "b") for k in ("urls", "due", "prio")
-    } | {f"vertical:{{{SITE}}}:{k}" for k in ("lease", "meta", "owners", "outbox", "parked:trap",
-                                                "parked:forbidden")}
+        keys = {k.decode("latin-1") for k in store.client.keys("*")}
+    # Record hashes (":r:" and the fingerprint's last bits) and due-index
+    # buckets (":d:" and their lower bound) are named by binary suffixes.
+    kinds = {(tag, name.split(":")[2]) for name in keys - {"vertical:sites", "vertical:layout"}
+             for tag in [name[len("vertical:"):].split(":")[0]]}
+    # Every record of SITE is claimed: out of the due index, whose buckets are gone.
+    assert kinds == {(f"{{{s}}}", k) for s in (SITE, "b") for k in ("r", "due", "n", "hosts")} | {
+        (f"{{{SITE}}}", k) for k in ("lease", "leasez", "meta", "owners", "outbox", "pk")} | {("{b}", "d")}
 
 
 def test_redis_unreachable_for_longer_than_patience_raises():
@@ -938,3 +945,86 @@ def test_count_due_counts_what_is_due(frontier):
     assert frontier.count_due(SITE, NOW) == 2
     assert frontier.count_due(SITE, NOW + 61) == 3
     assert frontier.count_due("other", NOW) == 0
+
+
+def _v1_record(r: URLRecord) -> str:
+    """A record as the earlier Redis layout packed it (16 fields separated by \\x1f)."""
+    def opt(v):
+        return "" if v is None else json.dumps(v, ensure_ascii=False)
+
+    def js(v):
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False) if v else ""
+
+    return "\x1f".join((r.state, str(r.level), str(r.visits), repr(r.fetch_time), repr(r.next_fetch), r.host,
+                        repr(r.priority), str(r.checksum), repr(r.refetch_delay), str(r.http_status),
+                        str(r.changes), opt(r.etag), opt(r.last_modified), r.url, js(r.extra), js(r.docs)))
+
+
+def test_redis_store_of_the_earlier_layout_is_refused_then_migrated(redis_url):
+    """A store written by the earlier layout (one :urls hash, :due and :prio
+    sorted sets) is refused with the command that converts it; converted, it
+    keeps every record, claim and outbox row."""
+    records = [full_record(i, next_fetch=NOW - i) for i in range(30)] + [rec(40, state=TRAP, next_fetch=NOW + DAY)]
+    claimed = dataclasses.replace(records[3], claim_owner="a", claim_until=time.time() + 3600)  # store clock
+    records[3] = claimed
+    client = redis.Redis.from_url(redis_url)
+    base = f"vertical:{{{SITE}}}"
+    client.sadd("vertical:sites", SITE)
+    for r in records:
+        fp = struct.pack(">q", r.fingerprint)
+        client.hset(f"{base}:urls", fp, _v1_record(r))
+        client.zadd(f"{base}:due", {fp: r.next_fetch})
+        client.zadd(f"{base}:prio", {fp: r.priority})
+    trap = records[-1]
+    client.zadd(f"{base}:parked:trap", {f"{trap.host}\x1f".encode() + struct.pack(">q", trap.fingerprint): 0})
+    client.hset(f"{base}:lease", struct.pack(">q", claimed.fingerprint), f"a\x1f{claimed.claim_until!r}")
+    client.hset(f"{base}:outbox", "a\x1f1", struct.pack(">q", claimed.fingerprint) + b"payload")
+    with open_frontier(redis_url) as store:
+        with pytest.raises(RuntimeError, match="python -m vertical.frontier.redis migrate"):
+            store.count_due(SITE, NOW)
+    done = subprocess.run([sys.executable, "-m", "vertical.frontier.redis", "migrate", redis_url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"{SITE}: {len(records)} records" in done.stdout
+    with open_frontier(redis_url) as store:
+        assert sorted(store.iter_records(SITE), key=lambda r: r.fingerprint) == sorted(
+            records, key=lambda r: r.fingerprint)
+        assert store.outbox_count(SITE) == 1
+        got = claim(store, "b", limit=100)
+        assert fps(got) == fps(records[:-1]) - {claimed.fingerprint}  # not the held one, nor the parked
+        assert store.wake(SITE, records[-1].host, TRAP, NOW) == 1
+    assert not {k for k in client.keys("*") if b":v1:" in k or k.endswith((b":urls", b":prio"))}
+    client.close()
+
+
+def test_redis_writes_urls_with_the_sites_dictionary(redis_url, monkeypatch, caplog):
+    """Once a site has enough records, its URLs are written with a
+    dictionary made from a sample of them: records written before and after
+    read back the same, from this handle and from a new one, and a
+    fingerprint collision is still told from a record found again."""
+    monkeypatch.setattr("vertical.frontier.redis.URLDICT_MIN_RECORDS", 50)
+    monkeypatch.setattr("vertical.frontier.redis.URLDICT_CHECK", 10)
+
+    def page(i: int) -> URLRecord:
+        host = f"h{i % 3}.example"
+        url = f"{'https' if i % 2 else 'http'}://{host}/catalogue/section-{i % 7}/item-{i}.html?view=full"
+        return dataclasses.replace(rec(i, host=host), url=url, next_fetch=NOW - i)
+
+    with open_frontier(redis_url) as store:
+        before = [page(i) for i in range(60)]
+        store.add(before)
+        after = [page(i) for i in range(60, 120)] + [dataclasses.replace(page(120), url="http://other.example/x")]
+        store.add(after)
+        assert store.client.exists(f"vertical:{{{SITE}}}:urldict")
+        layout = store.layout()
+        stored = store.client.hget(*layout.bucket(f"vertical:{{{SITE}}}", struct.pack(">q", after[0].fingerprint)))
+        assert len(stored) < len(_v1_record(after[0])) - len(after[0].url) + 20  # the URL takes < 20 bytes
+        store.add([dataclasses.replace(page(70), url=page(70).url + "&x")])  # a collision
+        assert store.collisions == 1
+        assert store.add([page(71)]) == [] and store.collisions == 1  # found again
+    with open_frontier(redis_url) as fresh:
+        assert sorted(fresh.iter_records(SITE), key=lambda r: r.fingerprint) == sorted(
+            before + after, key=lambda r: r.fingerprint)
+        assert fresh.urls(SITE, [page(90).fingerprint]) == {page(90).fingerprint: page(90).url}
+        got = claim(fresh, limit=200)
+        assert {r.url for r in got} == {r.url for r in before + after}

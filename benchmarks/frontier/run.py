@@ -16,6 +16,8 @@ Building the store (``--build``):
 * ``add``: ``Frontier.add`` in batches of ``--batch`` (256) records, one
   transaction each, as the scheduler inserts discovered links; the rate is
   reported for the whole build and for its last tenth;
+* ``save`` (Redis only): ``Frontier.save`` of batches of 2 000 records, as
+  an import writes them;
 * ``sql`` (SQLite only; the default above 2*10^6): rows in fingerprint order
   straight into the same table with ``executemany`` in big transactions,
   the secondary indexes dropped during the load and rebuilt by opening the
@@ -157,6 +159,22 @@ def build_add(store, n: int, batch: int, priority_mode: str) -> dict[str, Any]:
             "records_per_s_last_tenth": (n - ldone) / ((time.perf_counter() - lt) - (gen - lgen))}
 
 
+def build_save(store, n: int, priority_mode: str, batch: int = 2_000) -> dict[str, Any]:
+    """Redis: ``Frontier.save`` of big batches (an import), one script call each."""
+    t_start = time.perf_counter()
+    gen = 0.0
+    for start in range(0, n, batch):
+        t = time.perf_counter()
+        records = new_records(start, min(batch, n - start), priority_mode)
+        gen += time.perf_counter() - t
+        store.save(records)
+        if (start + batch) % 500_000 < batch:
+            print(f"    {start + batch} records, {time.perf_counter() - t_start:.0f} s", flush=True)
+    total = time.perf_counter() - t_start
+    return {"method": "save", "batch": batch, "seconds": total, "generate_seconds": gen,
+            "records_per_s": n / (total - gen)}
+
+
 def build_sql(path: Path, n: int, priority_mode: str) -> dict[str, Any]:
     from vertical.frontier.sqlite import _COLUMNS, SQLiteFrontier, _record_to_row
     SQLiteFrontier(path).close()  # the store's own schema
@@ -266,8 +284,12 @@ def now_with_due(store, backend: str, path: Path | None, k: int, n: int, priorit
                            "ORDER BY next_fetch LIMIT 1 OFFSET ?", (SITE, k)).fetchone()[0]
         db.close()
         return value
-    key = store._keys(SITE)[1]
-    return float(store.client.zrange(key, k, k, withscores=True)[0][1])
+    # Redis: bisect on count_due (exact below the current due slot, and in it).
+    lo, hi = T0 - 400 * DAY, T0 + 400 * DAY
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if store.count_due(SITE, mid) < k else (lo, mid)
+    return hi
 
 
 def measure(store, backend: str, path: Path | None, n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -401,7 +423,10 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 time.sleep(0.1)
         store = open_frontier(f"redis://127.0.0.1:{port}/0")
         base = store.client.info("memory")["used_memory"]
-        res["build"] = build_add(store, n, args.batch, args.priority)
+        if build == "save":
+            res["build"] = build_save(store, n, args.priority)
+        else:
+            res["build"] = build_add(store, n, args.batch, args.priority)
     print(f"    built ({res['build']['method']}): {res['build']['records_per_s']:.0f} records/s", flush=True)
     try:
         res.update(measure(store, args.backend, path, n, args))
@@ -460,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("sqlite", "redis"), default="sqlite")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000])
-    parser.add_argument("--build", choices=("add", "sql"))
+    parser.add_argument("--build", choices=("add", "sql", "save"))
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--priority", choices=("uniform", "random"), default="uniform")
     parser.add_argument("--workdir", type=Path)
