@@ -1,0 +1,98 @@
+"""The store's own thread: frontier calls off the reactor, in order.
+
+Every store call (a SQLite transaction, a Redis script with its retries
+while Redis is unreachable) can take long: a slow disk, a Redis failover. On
+the reactor thread it would freeze everything the process does, downloads,
+DNS and robots.txt included (DESIGN.md, guarantee 7). A crawl process
+therefore owns one :class:`StoreThread`: a single worker thread that opens
+the store and runs every call on it, one at a time, in the order they were
+made. One thread, not a pool:
+
+* a call made after another sees its effects (a page's links are stored
+  before the page is written back, a release comes after the claim it
+  releases) with no locking on the crawl's side;
+* a SQLite connection is used by the thread that opened it;
+* a stalled store stalls only this thread: the calls queue up behind it,
+  and the reactor keeps running.
+
+Each call returns a Deferred fired on the reactor thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from twisted.internet import reactor
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+
+    from vertical.frontier.base import Frontier
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class StoreThread:
+    """A thread that owns a :class:`~vertical.frontier.base.Frontier`.
+
+    ``open_store`` builds the frontier; it runs on the thread (:meth:`open`).
+    :meth:`call` runs any function there (one taking the frontier, or a
+    bound method of it); :meth:`close` closes the store there and ends the
+    thread once every call made before it has run.
+    """
+
+    def __init__(self, open_store: Callable[[], Frontier], name: str = "vertical-store") -> None:
+        self._open_store = open_store
+        self._pool = ThreadPool(minthreads=1, maxthreads=1, name=name)
+        self.frontier: Frontier | None = None
+        self.calls = 0  # calls made and not yet answered
+        self._pool.start()
+        # A crawl that stops without closing (an error at open, a second
+        # Ctrl-C) must not leave the interpreter waiting for the thread.
+        self._trigger: Any = reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
+            "during", "shutdown", self._stop, shutting_down=True)
+
+    def open(self) -> Deferred[Frontier]:
+        def open_here() -> Frontier:
+            self.frontier = self._open_store()
+            return self.frontier
+        return self.call(open_here)
+
+    def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Deferred[T]:
+        """Run ``fn(*args, **kwargs)`` on the store thread, after every call
+        made before; the Deferred fires (on the reactor) with its result."""
+        self.calls += 1
+        d = deferToThreadPool(reactor, self._pool, fn, *args, **kwargs)  # type: ignore[arg-type]
+
+        def answered(result: Any) -> Any:
+            self.calls -= 1
+            return result
+        return d.addBoth(answered)
+
+    def close(self) -> Deferred[None]:
+        """Close the store after the calls made so far, then end the thread."""
+        def close_here() -> None:
+            if self.frontier is not None:
+                self.frontier.close()
+        d = self.call(close_here)
+
+        def stopped(result: Any) -> Any:
+            self._stop()
+            return result
+        return d.addBoth(stopped)
+
+    def _stop(self, shutting_down: bool = False) -> None:
+        if self._trigger is not None and not shutting_down:
+            reactor.removeSystemEventTrigger(self._trigger)  # type: ignore[attr-defined]
+            self._trigger = None
+        if self._pool.started:
+            # Joins the thread: it is idle (close ran last) unless the
+            # reactor is shutting down under a call still running.
+            self._pool.stop()
