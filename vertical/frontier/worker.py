@@ -24,7 +24,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from twisted.internet import reactor
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
@@ -54,6 +53,11 @@ class StoreThread:
         self.frontier: Frontier | None = None
         self.calls = 0  # calls made and not yet answered
         self._pool.start()
+        # Imported here: importing it at module level would install the
+        # default reactor before Scrapy installs the one it is set to.
+        from twisted.internet import reactor
+
+        self._reactor = reactor
         # A crawl that stops without closing (an error at open, a second
         # Ctrl-C) must not leave the interpreter waiting for the thread.
         self._trigger: Any = reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
@@ -69,7 +73,7 @@ class StoreThread:
         """Run ``fn(*args, **kwargs)`` on the store thread, after every call
         made before; the Deferred fires (on the reactor) with its result."""
         self.calls += 1
-        d = deferToThreadPool(reactor, self._pool, fn, *args, **kwargs)  # type: ignore[arg-type]
+        d = deferToThreadPool(self._reactor, self._pool, fn, *args, **kwargs)  # type: ignore[arg-type]
 
         def answered(result: Any) -> Any:
             self.calls -= 1
@@ -90,7 +94,7 @@ class StoreThread:
 
     def _stop(self, shutting_down: bool = False) -> None:
         if self._trigger is not None and not shutting_down:
-            reactor.removeSystemEventTrigger(self._trigger)  # type: ignore[attr-defined]
+            self._reactor.removeSystemEventTrigger(self._trigger)  # type: ignore[attr-defined]
             self._trigger = None
         if self._pool.started:
             # Joins the thread: it is idle (close ran last) unless the
