@@ -423,10 +423,10 @@ class FrontierScheduler(BaseScheduler):
             return True
         now = time.monotonic()
         checked_at, stores, pending = self._pending_cache
-        # While pages are in flight the engine asks often: ask the store once
-        # a second. With none, this is the end-of-run question: the answer
-        # holds until the store is written again.
-        if (now - checked_at >= _POLL if self._inflight else stores != self._stores):
+        # Ask the store at most once a second (others may write it), and
+        # again whenever this process wrote it while none of its pages are
+        # in flight: then the engine asks whether the crawl is over.
+        if now - checked_at >= _POLL or (not self._inflight and stores != self._stores):
             self._check_due()
             return True  # until the store has answered
         return pending
@@ -725,7 +725,8 @@ class FrontierScheduler(BaseScheduler):
 
     def _due_checked(self, _: Any) -> None:
         self._checking_due = False
-        self._wake_engine()
+        if not self._pending_cache[2]:
+            self._wake_engine()  # to close (while something is due, it asks on its own)
 
     async def _due_in_store(self) -> None:
         if not self._inflight:
