@@ -19,6 +19,9 @@ Trees alternate, round after round (the machine is shared: compare pairs).
   ``--after`` seconds after the crawl opened, redis-server is SIGSTOPped for
   ``--freeze`` seconds (10) and SIGCONTed. The lag is reported for the freeze
   (its window plus one second), with the responses received meanwhile.
+  The shared per-host rate (``middlewares/hostrate.py``, on by default with a
+  Redis store) makes Redis calls of its own on the reactor; ``--no-hostrate``
+  leaves it out, to see the store's calls alone.
 
 p50 / p99 / max of the lag in milliseconds, per run; JSON to ``--out``.
 """
@@ -55,19 +58,23 @@ from tests.redis_server import RedisServer  # noqa: E402
 PY = sys.executable
 
 
-def project_extensions(tree: Path) -> dict[str, int]:
-    out = subprocess.run([PY, "-c", "import json, vertical.settings as s; print(json.dumps(s.EXTENSIONS))"],
+def project_setting(tree: Path, name: str) -> dict[str, int]:
+    out = subprocess.run([PY, "-c", f"import json, vertical.settings as s; print(json.dumps(s.{name}))"],
                          cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
                          text=True, check=True)
     return json.loads(out.stdout)
 
 
-def crawl_command(tree: Path, site: Path, store: str, workdir: Path, tag: str, pages: int) -> list[str]:
+def crawl_command(tree: Path, site: Path, store: str, workdir: Path, tag: str, pages: int,
+                  hostrate: bool = True) -> list[str]:
     cmd = [PY, "-m", "scrapy", "crawl", "vertical", "-a", f"site={site}", "-a", f"pages={pages}",
            "-s", f"VERTICAL_STORE={store}", "-s", "LOG_LEVEL=INFO", "-s", f"LOG_FILE={workdir / tag}.log",
            "-s", f"VERTICAL_STATS_FILE={workdir / tag}.stats.json", "-O", f"{workdir / tag}.items.jsonl"]
-    extensions = {**project_extensions(tree), "lagprobe.LagProbe": 0}
+    extensions = {**project_setting(tree, "EXTENSIONS"), "lagprobe.LagProbe": 0}
     cmd += ["-s", "EXTENSIONS=" + json.dumps(extensions), "-s", f"LAG_FILE={workdir / tag}.lag.json"]
+    if not hostrate:
+        middlewares = {**project_setting(tree, "DOWNLOADER_MIDDLEWARES"), "middlewares.hostrate.HostRateMiddleware": None}
+        cmd += ["-s", "DOWNLOADER_MIDDLEWARES=" + json.dumps(middlewares)]
     return cmd
 
 
@@ -104,7 +111,7 @@ def run_sqlite(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, fi
 def run_redis(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, site: Path) -> dict:
     with RedisServer(appendonly=False) as server:
         pid = server.process.pid  # type: ignore[union-attr]
-        cmd = crawl_command(tree, site, f"{server.url}/0", workdir, tag, args.pages)
+        cmd = crawl_command(tree, site, f"{server.url}/0", workdir, tag, args.pages, hostrate=args.hostrate)
         log = workdir / f"{tag}.log"
         log.unlink(missing_ok=True)
         proc = subprocess.Popen(cmd, cwd=tree, env=tree_env(tree), stdout=subprocess.DEVNULL,
@@ -134,7 +141,7 @@ def run_redis(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, sit
     samples = probe["samples"]
     start, end = window["start"], window["end"] + 1.0
     return {"tree": str(tree), "tag": tag, "rc": proc.returncode, "wall_s": round(wall, 1),
-            "pages": stats.get("response_received_count"),
+            "pages": stats.get("response_received_count"), "hostrate": args.hostrate,
             "responses_while_frozen": sum(start <= t < window["end"] for t in probe["responses"]),
             "freeze": lag_ms(samples, start, end), "crawl": lag_ms(samples, probe["opened"], float("inf"))}
 
@@ -154,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=float, default=3.0)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--no-hostrate", dest="hostrate", action="store_false",
+                        help="redis: without the shared per-host rate (its Redis calls run on the reactor)")
     args = parser.parse_args(argv)
     records = args.records or (1_000_000 if args.scenario == "sqlite" else 20_000)
     workdir = Path(tempfile.mkdtemp(prefix="vertical-lag-"))

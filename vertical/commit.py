@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
 from scrapy import signals
+from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 
@@ -448,15 +449,16 @@ class FrontierCommit:
         self.stats.inc_value("vertical/commit/records", len(records) - len(rejected))
         scheduler.written()
 
-    def _end(self, **kwargs: Any) -> Deferred[None] | None:
+    async def _end(self, **kwargs: Any) -> None:
         """The feeds are closed (or there are none): drop the rows they now
         hold, then let the scheduler close the store."""
         if self._closed:
-            return None
+            return
         self._closed = True
         if self._timer is not None and self._timer.running:
             self._timer.stop()
-        return Deferred.fromCoroutine(self._last_writes())
+        # Scrapy runs this as an asyncio task when the reactor is asyncio's.
+        await maybe_deferred_to_future(Deferred.fromCoroutine(self._last_writes()))
 
     async def _last_writes(self) -> None:
         scheduler = self.scheduler

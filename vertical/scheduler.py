@@ -492,7 +492,8 @@ class FrontierScheduler(BaseScheduler):
             if moved:
                 self._stored()
             return moved
-        return self._call(bring_forward).addCallback(counted)
+        d = self._call(bring_forward).addCallback(counted)
+        return d.addErrback(partial(self._store_failed, "sitemap"))
 
     def _discover(self, url: str, level: int, parent: URLRecord | None, seed: bool) -> None:
         fp = fingerprint(url)
@@ -545,7 +546,8 @@ class FrontierScheduler(BaseScheduler):
                 self._next_poll = 0.0
                 self._stored()
             return n
-        return self._call(self.frontier.wake, self.site.name, host, state, self.now()).addCallback(woken)
+        d = self._call(self.frontier.wake, self.site.name, host, state, self.now()).addCallback(woken)
+        return d.addErrback(partial(self._store_failed, "wake"))
 
     def postpone_host(self, host: str, seconds: float) -> None:
         """Leave a host alone for a while (its robots.txt answered 5xx or timed

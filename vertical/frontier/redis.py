@@ -42,7 +42,9 @@ two steps other clients run, so Redis never blocks on a long walk.
 
 When Redis is unreachable, every operation logs a warning and retries with
 a bounded backoff for ``patience`` seconds (default 5 minutes) before it
-raises. A retried write is idempotent, except that records claimed by a
+raises. The waits block the calling thread, which in a crawl is never the
+reactor: every store call runs on the crawl's store thread
+(:mod:`vertical.frontier.worker`). A retried write is idempotent, except that records claimed by a
 request whose reply was lost stay leased to this owner until the lease runs
 out (nothing is lost, they come back later), that ``reap`` may then not
 report the owners it reaped, and that ``update_meta`` may apply its
@@ -660,7 +662,8 @@ class RedisFrontier(Frontier):
         return f"{self.prefix}:sites"
 
     def _retry(self, operation: Callable[[bool], T]) -> T:
-        """Run ``operation(retrying)``, waiting out an unreachable Redis."""
+        """Run ``operation(retrying)``, waiting out an unreachable Redis (in
+        this thread: the crawl's store thread, not the reactor)."""
         delay, first = RETRY_DELAYS[0], True
         deadline = time.monotonic() + self.patience
         while True:
