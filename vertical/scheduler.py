@@ -460,7 +460,7 @@ class FrontierScheduler(BaseScheduler):
 
     def sitemap_entries(self, entries: Iterable[tuple[str, float | None]]) -> Deferred[int]:
         """URLs a sitemap lists (canonical), each with its ``<lastmod>`` as a
-        timestamp or None (answered when the store has seen them). New URLs are discovered at level 1 (announced, as
+        timestamp or None. New URLs are discovered at level 1 (announced, as
         a link from an entry page would be: the seen test and the trap guards
         apply). A known page whose lastmod is after its last fetch has changed
         since: it is due now. One whose lastmod did not move keeps its
@@ -491,6 +491,7 @@ class FrontierScheduler(BaseScheduler):
             self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
             if moved:
                 self._stored()
+                self._next_poll = 0.0
             return moved
         d = self._call(bring_forward).addCallback(counted)
         return d.addErrback(partial(self._store_failed, "sitemap"))
