@@ -9,11 +9,16 @@ to ``LAG_FILE`` (JSON) when the spider closes.
 
 Kept apart from the crawler's code and imported as a top-level module
 (``benchmarks/`` on ``PYTHONPATH``), so the same probe measures any tree.
+
+Run as a script (``python benchmarks/lagprobe.py OUT``), it measures an idle
+reactor of its own until SIGTERM: the lag the machine alone causes.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -62,3 +67,33 @@ class LagProbe:
             self._call.cancel()
         self.path.write_text(json.dumps({"interval": self.interval, "opened": self.opened,
                                          "samples": self.samples, "responses": self.responses}))
+
+
+def idle(path: str) -> None:
+    from twisted.internet import asyncioreactor
+
+    asyncioreactor.install()
+    from twisted.internet import reactor
+
+    samples: list[tuple[float, float]] = []
+    asked = [0.0]
+
+    def tick() -> None:
+        samples.append((time.time(), time.monotonic() - asked[0]))
+        schedule()
+
+    def schedule() -> None:
+        asked[0] = time.monotonic() + 0.01
+        reactor.callLater(0.01, tick)  # type: ignore[attr-defined]
+
+    def stop(*_: Any) -> None:
+        Path(path).write_text(json.dumps({"interval": 0.01, "samples": samples}))
+        reactor.callFromThread(reactor.stop)  # type: ignore[attr-defined]
+
+    signal.signal(signal.SIGTERM, stop)
+    reactor.callWhenRunning(schedule)  # type: ignore[attr-defined]
+    reactor.run(installSignalHandlers=False)  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    idle(sys.argv[1])

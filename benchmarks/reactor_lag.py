@@ -23,7 +23,9 @@ Trees alternate, round after round (the machine is shared: compare pairs).
   Redis store) makes Redis calls of its own on the reactor; ``--no-hostrate``
   leaves it out, to see the store's calls alone.
 
-p50 / p99 / max of the lag in milliseconds, per run; JSON to ``--out``.
+p50 / p99 / max of the lag in milliseconds, per run; JSON to ``--out``. An
+idle reactor runs beside each crawl (``lagprobe.py`` as a script): its lag
+over the same window is what the shared machine alone costs.
 """
 
 from __future__ import annotations
@@ -90,14 +92,29 @@ def lag_ms(samples: list[tuple[float, float]], start: float, end: float) -> dict
             "p99": round(lags[min(len(lags) - 1, int(len(lags) * 0.99))], 1), "max": round(lags[-1], 1)}
 
 
+class IdleProbe:
+    """An idle reactor beside the crawl: the lag the (shared) machine causes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.proc = subprocess.Popen([PY, str(HERE / "lagprobe.py"), str(path)])
+
+    def stop(self) -> list[tuple[float, float]]:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        return json.loads(self.path.read_text())["samples"]
+
+
 def run_sqlite(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, filled: Path, site: Path) -> dict:
     store = workdir / f"{tag}.sqlite3"
     shutil.copy(filled, store)
     cmd = crawl_command(tree, site, f"sqlite:///{store}", workdir, tag, args.pages)
+    probe = IdleProbe(workdir / f"{tag}.idle.json")
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=tree, env=tree_env(tree), stdout=subprocess.DEVNULL,
                           stderr=open(workdir / f"{tag}.stderr", "w"))
     wall = time.monotonic() - t0
+    idle = probe.stop()
     store.unlink()
     probe = json.loads((workdir / f"{tag}.lag.json").read_text())
     stats = json.loads((workdir / f"{tag}.stats.json").read_text())
@@ -105,7 +122,8 @@ def run_sqlite(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, fi
     first, opened = samples[0][0], probe["opened"]
     return {"tree": str(tree), "tag": tag, "rc": proc.returncode, "wall_s": round(wall, 1),
             "pages": stats.get("response_received_count"),
-            "open": lag_ms(samples, first, opened), "crawl": lag_ms(samples, opened, float("inf"))}
+            "open": lag_ms(samples, first, opened), "crawl": lag_ms(samples, opened, float("inf")),
+            "idle_reactor": lag_ms(idle, opened, float("inf"))}
 
 
 def run_redis(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, site: Path) -> dict:
@@ -132,9 +150,11 @@ def run_redis(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, sit
 
         freezer = threading.Thread(target=freeze)
         freezer.start()
+        idle_probe = IdleProbe(workdir / f"{tag}.idle.json")
         t0 = time.monotonic()
         proc.wait(timeout=args.timeout)
         wall = time.monotonic() - t0
+        idle = idle_probe.stop()
         freezer.join()
     probe = json.loads((workdir / f"{tag}.lag.json").read_text())
     stats = json.loads((workdir / f"{tag}.stats.json").read_text())
@@ -143,7 +163,8 @@ def run_redis(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, sit
     return {"tree": str(tree), "tag": tag, "rc": proc.returncode, "wall_s": round(wall, 1),
             "pages": stats.get("response_received_count"), "hostrate": args.hostrate,
             "responses_while_frozen": sum(start <= t < window["end"] for t in probe["responses"]),
-            "freeze": lag_ms(samples, start, end), "crawl": lag_ms(samples, probe["opened"], float("inf"))}
+            "freeze": lag_ms(samples, start, end), "crawl": lag_ms(samples, probe["opened"], float("inf")),
+            "idle_reactor": lag_ms(idle, start, end)}
 
 
 def main(argv: list[str] | None = None) -> int:
