@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred
 
 from vertical import signals as vertical_signals
+from vertical.frontier.worker import OneAtATime
 from vertical.items import DocumentItem
 from vertical.outbox import FeedDurability
 from vertical.record import DUPLICATE, FETCHED, GONE, URLRecord
@@ -119,8 +120,7 @@ class FrontierCommit:
         self._timer: task.LoopingCall | None = None
         self._saving: dict[int, URLRecord] = {}  # being written now
         self._reemit: list[Any] = []  # taken from the outbox at open
-        self._write_back: Any = None  # the scheduler's OneAtATime for _write_back
-
+        self._write_back = OneAtATime(self._flush, self._flush_failed)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -133,10 +133,7 @@ class FrontierCommit:
 
     def attach(self, scheduler: FrontierScheduler) -> None:
         """Called by the scheduler when it opens: the commit works for it."""
-        from vertical.scheduler import OneAtATime
-
         self._scheduler = scheduler
-        self._write_back = OneAtATime(self._flush, self._flush_failed)
         # Writes are flushed on time even while the engine asks nothing.
         self._timer = task.LoopingCall(self._tick)
         self._timer.start(max(self.write_interval, 0.1), now=False)

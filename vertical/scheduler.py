@@ -46,7 +46,7 @@ import socket
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,7 @@ from twisted.python.failure import Failure
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
 from vertical.frontier import Frontier, Lane, open_frontier
-from vertical.frontier.worker import StoreThread
+from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenTest
@@ -119,46 +119,6 @@ class BudgetPacer:
 
     def spend(self) -> None:
         self.tokens -= 1.0
-
-
-class OneAtATime:
-    """Runs a store job (a coroutine function) with at most one run in
-    flight. A call while it runs asks for one more run after it; the Deferred
-    a call returns fires once a run that started after the call has ended,
-    with whether it succeeded (a failed run is logged by ``on_error``; the
-    job itself keeps its data for the next run)."""
-
-    def __init__(self, job: Callable[[], Coroutine[Any, Any, None]], on_error: Callable[[Failure], None]) -> None:
-        self._job = job
-        self._on_error = on_error
-        self._running = False
-        self._waiters: list[Deferred[bool]] = []
-
-    @property
-    def busy(self) -> bool:
-        return self._running or bool(self._waiters)
-
-    def __call__(self) -> Deferred[bool]:
-        d: Deferred[bool] = Deferred()
-        self._waiters.append(d)
-        if not self._running:
-            self._start()
-        return d
-
-    def _start(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        self._running = True
-        Deferred.fromCoroutine(self._job()).addBoth(self._done, waiters)
-
-    def _done(self, result: Any, waiters: list[Deferred[bool]]) -> None:
-        self._running = False
-        failed = isinstance(result, Failure)
-        if failed:
-            self._on_error(result)
-        for d in waiters:
-            d.callback(not failed)
-        if self._waiters:
-            self._start()
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:

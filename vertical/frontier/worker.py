@@ -16,20 +16,22 @@ made. One thread, not a pool:
   and the reactor keeps running.
 
 Each call returns a Deferred fired on the reactor thread.
+:class:`OneAtATime` keeps a kind of store job (a claim, a write-back) to
+one in flight.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 if TYPE_CHECKING:
-    from twisted.internet.defer import Deferred
-
     from vertical.frontier.base import Frontier
 
 logger = logging.getLogger(__name__)
@@ -100,3 +102,43 @@ class StoreThread:
             # Joins the thread: it is idle (close ran last) unless the
             # reactor is shutting down under a call still running.
             self._pool.stop()
+
+
+class OneAtATime:
+    """Runs a store job (a coroutine function) with at most one run in
+    flight. A call while it runs asks for one more run after it; the Deferred
+    a call returns fires once a run that started after the call has ended,
+    with whether it succeeded (a failed run is logged by ``on_error``; the
+    job itself keeps its data for the next run)."""
+
+    def __init__(self, job: Callable[[], Coroutine[Any, Any, None]], on_error: Callable[[Failure], None]) -> None:
+        self._job = job
+        self._on_error = on_error
+        self._running = False
+        self._waiters: list[Deferred[bool]] = []
+
+    @property
+    def busy(self) -> bool:
+        return self._running or bool(self._waiters)
+
+    def __call__(self) -> Deferred[bool]:
+        d: Deferred[bool] = Deferred()
+        self._waiters.append(d)
+        if not self._running:
+            self._start()
+        return d
+
+    def _start(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        self._running = True
+        Deferred.fromCoroutine(self._job()).addBoth(self._done, waiters)
+
+    def _done(self, result: Any, waiters: list[Deferred[bool]]) -> None:
+        self._running = False
+        failed = isinstance(result, Failure)
+        if failed:
+            self._on_error(result)
+        for d in waiters:
+            d.callback(not failed)
+        if self._waiters:
+            self._start()
