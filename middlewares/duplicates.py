@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from scrapy import signals
 from scrapy.http import HtmlResponse, TextResponse
+from scrapy.utils.defer import maybe_deferred_to_future
 
 from vertical.duplicates import DuplicateIndex, content_stream, page_hashes
 from vertical.record import FETCHED
@@ -63,7 +64,7 @@ class DuplicateContentMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
 
-    def _open(self) -> None:
+    async def _open(self) -> None:
         scheduler = self.crawler.engine.scheduler  # type: ignore[union-attr]
         if not hasattr(scheduler, "frontier"):
             return  # not a frontier crawl: no records to compare
@@ -71,10 +72,16 @@ class DuplicateContentMiddleware:
         if not site.duplicates.enabled:
             return
         self.near = site.duplicates.near
-        self.index = DuplicateIndex(site.duplicates.threshold if self.near else None)
-        for record in scheduler.frontier.iter_records(site.name):
-            if record.state == FETCHED and record.extra.get("content_hash") is not None:
-                self.index.add(record.fingerprint, record.extra["content_hash"], record.extra.get("simhash"))
+        index = DuplicateIndex(site.duplicates.threshold if self.near else None)
+
+        def load() -> None:  # a read of the whole site: on the crawl's store thread
+            for record in scheduler.frontier.iter_records(site.name):
+                if record.state == FETCHED and record.extra.get("content_hash") is not None:
+                    index.add(record.fingerprint, record.extra["content_hash"], record.extra.get("simhash"))
+
+        # The engine waits for spider_opened handlers before the first request.
+        await maybe_deferred_to_future(scheduler.store.call(load))
+        self.index = index
 
     def process_response(self, request: Request, response: Response) -> Response:
         record: URLRecord | None = request.meta.get(META_RECORD)

@@ -20,9 +20,11 @@ from typing import Any, TypeVar
 import pytest
 from scrapy import Request, Spider
 from scrapy.core.downloader import Downloader
+from scrapy.core.engine import ExecutionEngine, _Slot
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.extensions.feedexport import FeedExporter, FileFeedStorage
 from scrapy.linkextractors import LinkExtractor
+from scrapy.utils.reactor import CallLaterOnce
 from scrapy.utils.test import get_crawler
 from twisted.internet.base import PluggableResolverMixin
 
@@ -64,6 +66,11 @@ def instance_for(internal: Internal, tmp_path: Path) -> Any:
             return compat.download_slot(d, Request("http://a.example/"))[1]
     if owner == "RobotsTxtMiddleware":
         return RobotsTxtMiddleware(get_crawler(settings_dict={"ROBOTSTXT_OBEY": True}))
+    if owner in ("ExecutionEngine", "_Slot"):
+        engine = ExecutionEngine(get_crawler(), lambda _: None)
+        if owner == "ExecutionEngine":
+            return engine
+        return _Slot(True, CallLaterOnce(lambda: None), None)  # type: ignore[arg-type]
     if owner == "LxmlLinkExtractor":
         return LinkExtractor()
     exporter = FeedExporter.from_crawler(

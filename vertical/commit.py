@@ -26,6 +26,10 @@ A process that dies in between leaves the rows; the next process to open
 the site emits them again (:meth:`reemit`, called from the spider's
 ``start()``). Items may come twice after a crash, never zero times.
 
+Store writes run on the store thread (:mod:`vertical.frontier.worker`),
+one write-back in flight at a time: records settled meanwhile wait for the
+next, and their claims are renewed until they are written.
+
 Why an extension rather than an item pipeline: most fetched pages emit no
 item (they did not change), yet must be committed; and the commit must see
 each item *after* the feed exporters took it (``item_scraped``), which is
@@ -37,15 +41,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter
 from scrapy import signals
+from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
+from twisted.internet.defer import Deferred
 
 from vertical import signals as vertical_signals
+from vertical.frontier.worker import OneAtATime
 from vertical.items import DocumentItem
 from vertical.outbox import FeedDurability
 from vertical.record import DUPLICATE, FETCHED, GONE, URLRecord
@@ -111,6 +118,9 @@ class FrontierCommit:
         self._closed = False
         self._scheduler: FrontierScheduler | None = None
         self._timer: task.LoopingCall | None = None
+        self._saving: dict[int, URLRecord] = {}  # being written now
+        self._reemit: list[Any] = []  # taken from the outbox at open
+        self._write_back = OneAtATime(self._flush, self._flush_failed)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -188,15 +198,36 @@ class FrontierCommit:
             scheduler.schedule.set_fetched(record, now, changed=changed)
         self.crawler.signals.send_catch_log(vertical_signals.page_fetched, record=record, outcome=outcome,
                                             changed=changed)
-        outlinks = self._outlinks(outcome.links) if scheduler.priority.wants_outlinks else []
-        scheduler.priority.on_fetched(record, harvest, outlinks)
-        page = _Page(record, len(items), outlinks, previous)
-        if not items:
+        page = _Page(record, len(items), [], previous)
+        if scheduler.priority.wants_outlinks:
+            # The outlinks' records are read on the store thread: the page
+            # waits for them as for one more item.
+            page.waiting += 1
+            d = Deferred.fromCoroutine(scheduler.records_for({fingerprint(url) for url in outcome.links}))
+            d.addCallbacks(self._outlinks_read, self._outlinks_failed, callbackArgs=(page, harvest),
+                           errbackArgs=(page, harvest))
+        else:
+            scheduler.priority.on_fetched(record, harvest, [])
+        if not page.waiting:
             self._commit(page)
             return
         self._pages[record.fingerprint] = page
         for item in items:
             self._items[id(item)] = (page, item, None)
+
+    def _outlinks_read(self, records: dict[int, URLRecord], page: _Page, harvest: float) -> None:
+        if self._pages.get(page.record.fingerprint) is not page:
+            return  # failed meanwhile, and committed as such
+        page.outlinks = list(records.values())
+        self.scheduler.priority.on_fetched(page.record, harvest, page.outlinks)
+        self._item_done(page)
+
+    def _outlinks_failed(self, failure: Failure, page: _Page, harvest: float) -> None:
+        if self._pages.get(page.record.fingerprint) is not page:
+            return
+        logger.warning("Could not read the outlinks of %s: %s", page.record.url, failure.getErrorMessage())
+        self.scheduler.priority.on_fetched(page.record, harvest, [])
+        self._item_done(page)
 
     def page_failed(self, record: URLRecord, failure: Failure | None = None, reason: str = "failed") -> None:
         """The fetch or the processing of a page failed: due again after the
@@ -289,11 +320,18 @@ class FrontierCommit:
 
     def reemit(self) -> list[Any]:
         """Items a dead process delivered but whose feeds may not hold them:
-        taken over from the store, to be emitted again (by ``start()``)."""
+        taken over from the store when the scheduler opened, to be emitted
+        again (by ``start()``)."""
+        items, self._reemit = self._reemit, []
+        return items
+
+    async def take_outbox(self) -> None:
+        """Take over the outbox rows of dead processes (the scheduler's open)."""
         scheduler = self.scheduler
         first = self.feeds.scraped + 1_000_000_000  # ids of their own, apart from scrape ids
-        rows = scheduler.frontier.outbox_take(scheduler.site.name, scheduler.owner, first)
-        items = []
+        rows = await scheduler.store.call(  # type: ignore[union-attr]
+            scheduler.frontier.outbox_take, scheduler.site.name, scheduler.owner, first)
+        items = self._reemit
         for row_id, payload in rows:
             item = _item(json.loads(payload))
             self._items[id(item)] = (None, item, row_id)
@@ -301,7 +339,6 @@ class FrontierCommit:
         if items:
             self.stats.inc_value("vertical/items/reemitted", len(items))
             logger.info("Emitting again %d items a stopped crawl had delivered but maybe not stored", len(items))
-        return items
 
     # -- writes ----------------------------------------------------------------------
 
@@ -322,12 +359,12 @@ class FrontierCommit:
 
     def pending(self) -> bool:
         """Anything waiting for its items or its write?"""
-        return bool(self._pages or self._writes or self._priority_writes)
+        return bool(self._pages or self._writes or self._priority_writes or self._write_back.busy)
 
     def held(self) -> list[int]:
         """Fingerprints of the records waiting here: their claims must be
         renewed until they are written (the write is fenced on the claim)."""
-        return [*self._pages, *self._writes]
+        return [*self._pages, *self._writes, *self._saving]
 
     def maintain(self) -> None:
         """Flush writes older than the write interval (called by the scheduler)."""
@@ -335,39 +372,69 @@ class FrontierCommit:
             self.flush()
 
     def _tick(self) -> None:
-        try:
-            self.maintain()
-        except Exception:
-            # The store failed: what is buffered stays buffered for the next try.
-            logger.exception("Writing records back to the store failed")
+        self.maintain()
 
-    def flush(self) -> None:
-        """Write the settled pages back: their links first (once a page is
-        stored as fetched nobody fetches it again this run), then the records
-        with the outbox rows of their items, in one fenced transaction."""
+    def flush(self) -> Deferred[None]:
+        """Write the settled pages back (on the store thread): their links
+        first (once a page is stored as fetched nobody fetches it again this
+        run), then the records with the outbox rows of their items, in one
+        fenced transaction. Fires once what was settled before the call is
+        written, or the write failed (it is kept for the next one)."""
+        self._last_flush = time.monotonic()
+        return self._write_back()
+
+    def _flush_failed(self, failure: Failure) -> None:
+        # The store failed: what is buffered stays buffered for the next try.
+        self.stats.inc_value("vertical/store/failed/commit")
+        logger.error("Writing records back to the store failed: %s", failure.getErrorMessage(),
+                     exc_info=(failure.type, failure.value, failure.getTracebackObject()))
+
+    async def _flush(self) -> None:
         scheduler = self.scheduler
         frontier, site, owner = scheduler.frontier, scheduler.site.name, scheduler.owner
-        self._last_flush = time.monotonic()
-        scheduler.flush_discovered()
+        call = scheduler.store.call  # type: ignore[union-attr]
+        ready = list(self._writes)  # settled so far: their links were found before
+        if not await scheduler.flush_discovered():
+            # The links could not be stored: the pages they were found on
+            # wait (a page stored as fetched is never fetched again this run).
+            raise RuntimeError("the links of the pages to write back could not be stored")
         if self._priority_writes:
             records, self._priority_writes = list(self._priority_writes.values()), {}
-            frontier.save_priorities(site, records, extra_keys=scheduler.priority.extra_keys)
+            try:
+                await call(frontier.save_priorities, site, records, extra_keys=scheduler.priority.extra_keys)
+            except BaseException:
+                for record in records:
+                    self._priority_writes.setdefault(record.fingerprint, record)
+                raise
         if not self._writes and not self._undurable:
             return
         durable = self.feeds.durable()
-        # Rows whose items are durable already need not be written at all.
-        outbox = {fp: kept for fp, rows in self._rows.items() if (kept := [r for r in rows if r[0] > durable])}
         done = [row for scraped, row in self._undurable if scraped <= durable]
-        records = list(self._writes.values())
-        if records:
-            rejected = frontier.save(records, owner=owner, outbox=outbox, outbox_done=done)
-        elif done:
-            frontier.outbox_drop(site, owner, done)
-            rejected = []
-        else:
+        # Pages settled since the links were stored wait for the next write.
+        writes = {fp: self._writes.pop(fp) for fp in ready if fp in self._writes}
+        rows = {fp: self._rows.pop(fp) for fp in ready if fp in self._rows}
+        if not writes and not done:
             return
-        self._writes, self._rows = {}, {}
-        self._undurable = [u for u in self._undurable if u[0] > durable]
+        # Rows whose items are durable already need not be written at all.
+        outbox = {fp: kept for fp, page_rows in rows.items() if (kept := [r for r in page_rows if r[0] > durable])}
+        self._saving = writes
+        records = list(writes.values())
+        try:
+            if records:
+                rejected = await call(frontier.save, records, owner=owner, outbox=outbox, outbox_done=done)
+            else:
+                await call(frontier.outbox_drop, site, owner, done)
+                rejected = []
+        except BaseException:
+            # Not written: back in the buffer, ahead of what was settled since.
+            self._writes = {**writes, **self._writes}
+            for fp, kept in rows.items():
+                self._rows[fp] = kept + self._rows.get(fp, [])
+            raise
+        finally:
+            self._saving = {}
+        dropped = set(done)
+        self._undurable = [u for u in self._undurable if u[1] not in dropped]
         rejected_fps = {r.fingerprint for r in rejected}
         self._undurable += [(row, row) for fp, rows in outbox.items() if fp not in rejected_fps for row, _ in rows]
         self._undurable.sort()
@@ -377,8 +444,9 @@ class FrontierCommit:
             self.stats.inc_value("vertical/commit/stale", len(rejected))
             logger.warning("%d records were taken over by another process; not written", len(rejected))
         self.stats.inc_value("vertical/commit/records", len(records) - len(rejected))
+        scheduler.written()
 
-    def _end(self, **kwargs: Any) -> None:
+    async def _end(self, **kwargs: Any) -> None:
         """The feeds are closed (or there are none): drop the rows they now
         hold, then let the scheduler close the store."""
         if self._closed:
@@ -386,23 +454,24 @@ class FrontierCommit:
         self._closed = True
         if self._timer is not None and self._timer.running:
             self._timer.stop()
+        # Scrapy runs this as an asyncio task when the reactor is asyncio's.
+        await maybe_deferred_to_future(Deferred.fromCoroutine(self._last_writes()))
+
+    async def _last_writes(self) -> None:
         scheduler = self.scheduler
         try:
-            self.flush()
+            await self.flush()
             durable = self.feeds.durable(checkpoint=False)
             if done := [row for scraped, row in self._undurable if scraped <= durable]:
-                scheduler.frontier.outbox_drop(scheduler.site.name, scheduler.owner, done)
+                await scheduler.store.call(  # type: ignore[union-attr]
+                    scheduler.frontier.outbox_drop, scheduler.site.name, scheduler.owner, done)
             self._undurable = [u for u in self._undurable if u[0] > durable]
             if self._undurable:
                 self.stats.set_value("vertical/items/undurable", len(self._undurable))
         finally:
-            scheduler.shutdown()
+            await scheduler.shutdown()
 
     # -- helpers -----------------------------------------------------------------------
-
-    def _outlinks(self, links: Iterable[str]) -> list[URLRecord]:
-        fps = {fingerprint(url) for url in links}
-        return list(self.scheduler.records_for(fps).values())
 
     def _count(self, *keys: str) -> None:
         for key in keys:

@@ -59,6 +59,7 @@ __all__ = [
     "slot_active",
     "slot_concurrency",
     "slot_settings",
+    "wake_engine",
 ]
 
 #: Versions the accessors were written against and ``tests/test_compat.py`` ran with.
@@ -89,6 +90,8 @@ _EXTRACTOR = "scrapy.linkextractors.lxmlhtml.LxmlLinkExtractor"
 _FEEDS = "scrapy.extensions.feedexport.FeedExporter"
 _FEED_SLOT = "scrapy.extensions.feedexport.FeedSlot"
 _REACTOR = "twisted.internet.base.PluggableResolverMixin"
+_ENGINE = "scrapy.core.engine.ExecutionEngine"
+_ENGINE_SLOT = "scrapy.core.engine._Slot"
 
 #: Everything private that vertical touches (the README lists the same).
 INTERNALS: tuple[Internal, ...] = (
@@ -128,6 +131,10 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(_FEED_SLOT, "storage", "whether a feed is a local file", ("vertical.outbox",), instance=True),
     Internal(_FEED_SLOT, "feed_options", "whether a feed is post-processed", ("vertical.outbox",), instance=True),
     Internal(_FEED_SLOT, "uri", "a feed's URI, for log lines", ("vertical.outbox",), instance=True),
+    Internal(_ENGINE, "_slot", "the engine's next call, to ask for requests a store call just brought",
+             ("vertical.scheduler",), instance=True),
+    Internal(_ENGINE_SLOT, "nextcall", "asked to run: the engine asks the scheduler again at once",
+             ("vertical.scheduler",), instance=True),
     Internal(_REACTOR, "resolver", "the installed resolver: is it vertical's DNS cache", ("middlewares.dns",)),
 )
 
@@ -311,3 +318,15 @@ def feed_slot_state(slot: Any) -> FeedSlotState:
         options=_get(slot, "FeedSlot", "feed_options"),
         uri=_get(slot, "FeedSlot", "uri"),
     )
+
+
+# -- the engine ----------------------------------------------------------------------
+
+
+def wake_engine(engine: Any) -> None:
+    """Make the engine ask the scheduler for requests soon (it asks on its
+    own only when a download ends, or every 5 seconds): the answer of a
+    store call that runs off the reactor has just brought some."""
+    slot = _get(engine, "ExecutionEngine", "_slot")
+    if slot is not None:
+        _get(slot, "_Slot", "nextcall").schedule()

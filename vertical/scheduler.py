@@ -23,6 +23,17 @@ What the engine can rely on:
   out (three missed beats), or whose pid is gone on this machine, is dead:
   the first live process to notice releases its claims, so a restart after a
   crash resumes at once rather than after the lease.
+* No store call runs on the reactor: they run, in order, on the process's
+  store thread (:mod:`vertical.frontier.worker`). The engine's calls are
+  answered from memory; claims, link inserts, write-backs and heartbeats are
+  issued to the store thread, at most one of each kind at a time, and the
+  engine is woken when their answers bring requests. A slow disk or a Redis
+  that stopped answering therefore stalls the store thread only, and
+  downloads, DNS and robots.txt go on meanwhile (DESIGN.md, guarantee 7).
+* A record is handed out only while its claim is known to run for at least
+  another half lease (as of the last claim or renewal the store confirmed):
+  enough to fetch it and commit it. A store that stays silent longer stops
+  the handing out, not the downloads already under way.
 """
 
 from __future__ import annotations
@@ -35,16 +46,20 @@ import socket
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from twisted.internet import task
+from twisted.internet.defer import Deferred, succeed
+from twisted.python.failure import Failure
 
 from vertical.commit import META_RECORD, FrontierCommit
-from vertical.compat import existing_slot, slot_active, slot_concurrency
+from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
 from vertical.frontier import Frontier, Lane, open_frontier
+from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenTest
@@ -54,7 +69,6 @@ from vertical.urls import canonicalize, fingerprint, host_of
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.spiders import Spider
-    from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
     from vertical.config import SiteConfig
@@ -152,7 +166,8 @@ class FrontierScheduler(BaseScheduler):
         self._checking: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._seq = itertools.count()
         self._next_poll = 0.0
-        self._pending_cache: tuple[float, bool] = (0.0, False)
+        # The last answer to "anything due?": when, after how many store writes, what.
+        self._pending_cache: tuple[float, int, bool] = (0.0, -1, False)
         self._heartbeat: task.LoopingCall | None = None
         self._opened_state: dict[str, Any] = {}
         self._handed_out = 0
@@ -164,6 +179,19 @@ class FrontierScheduler(BaseScheduler):
         self._postponed: dict[str, float] = {}
         self._started = time.time()
         self.pacer: BudgetPacer | None = None
+        self.store: StoreThread | None = None
+        # Store jobs: at most one of each kind in flight.
+        self._links = OneAtATime(self._store_links, partial(self._store_failed, "links"))
+        self._refilling = False
+        self._checking_due = False
+        self._beating = False
+        self._closing = False
+        # When each queued claim was asked for, and the last renewal of all
+        # held claims the store confirmed (monotonic clock): the lease of a
+        # queued record runs at least until the later of the two + the lease.
+        self._claimed_at: dict[int, float] = {}
+        self._renewed_at = 0.0
+        self._stores = 0  # store writes answered: a due answer older than the last is stale
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -182,30 +210,37 @@ class FrontierScheduler(BaseScheduler):
 
     # -- engine interface ---------------------------------------------------------
 
-    def open(self, spider: Spider) -> Deferred[None] | None:
+    def open(self, spider: Spider) -> Deferred[None]:
         self.spider = spider
-        self.site = site = spider.site
+        self.site = spider.site
         commit = self.crawler.get_extension(FrontierCommit)
         if commit is None:
             raise RuntimeError("vertical.commit.FrontierCommit must be in EXTENSIONS")
         self.commit = commit
+        self.store = StoreThread(partial(open_frontier, self.store_uri, **_redis_params(self._settings)))
         commit.attach(self)
-        self.frontier = open_frontier(self.store_uri, **_redis_params(self._settings))
-        self._beat()
+        return Deferred.fromCoroutine(self._open(spider))
+
+    async def _open(self, spider: Spider) -> None:
+        site = self.site
+        assert self.store is not None
+        self.frontier = await self.store.open()
+        call = self.store.call
         refetch = site.refetch
         self.schedule = make_schedule(refetch.schedule, initial=refetch.initial, min_delay=refetch.min,
                                       max_delay=refetch.max, factor=refetch.factor, **refetch.params)
         self.priority = make_priority(site.priority.policy, **site.priority.params)
+        self.lane = lane_for(site, getattr(spider, "lane", None))
+        await self._beat()
         # What the store held when this run loaded it: merged with at close.
         opened = self._opened_state
-        if state := self.frontier.get_meta(site.name, f"priority.{self.priority.name}"):
+        if state := await call(self.frontier.get_meta, site.name, f"priority.{self.priority.name}"):
             self.priority.load_state(state)
         opened["priority"] = state
         if hasattr(self.schedule, "load_state"):
-            if state := self.frontier.get_meta(site.name, f"schedule.{self.schedule.name}"):
+            if state := await call(self.frontier.get_meta, site.name, f"schedule.{self.schedule.name}"):
                 self.schedule.load_state(state)
             opened["schedule"] = state
-        self.lane = lane_for(site, getattr(spider, "lane", None))
         # A host's concurrency and delay before its download slot exists.
         self._concurrency = self._settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") or 1
         self._delay = self._settings.getfloat("DOWNLOAD_DELAY")
@@ -217,7 +252,33 @@ class FrontierScheduler(BaseScheduler):
         self.deadline = self.run_start + seconds if seconds else 0.0
         # Within one run a URL is fetched at most once (by any process);
         # a continuous crawl has no end, so its URLs come back when due.
-        self.fetched_before = None if self.continuous else self._join_run()
+        self.fetched_before = None if self.continuous else await call(self._join_run)
+        records = await call(self._load_seen)
+        traps = site.traps
+        self.host_guard = HostGuard(share=traps.host_share_guard, min_urls=traps.host_share_min_pages) \
+            if traps.host_share_guard else None
+        # The store thread owns the seen test (its lookups are store reads):
+        # the guard asks the filter alone, which may take a new URL for a
+        # known one (at the filter's error rate), never the other way round.
+        self.barren = BarrenGuard.for_site(site, _FilterOnly(self.seen))
+        per_day = self._budget_per_day()
+        await call(self.frontier.set_meta, site.name, "budget", self._budget)
+        await self._fit_schedule(records, per_day)
+        # The schedule fits delays to the budget; a continuous crawl must
+        # also keep to it when more is due than the budget pays for.
+        self.pacer = BudgetPacer(per_day, self.now()) if self.continuous and site.refetch.budget else None
+        await self.commit.take_outbox()
+        self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
+        self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
+        self._heartbeat = task.LoopingCall(self._beat)
+        # Often enough to renew leases well before they run out.
+        self._heartbeat.start(min(self.heartbeat, self.lease / 3), now=False)
+        logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
+                    self.frontier.uri, records, site.name, self.lane.name, self.owner)
+
+    def _load_seen(self) -> int:
+        """Build the URL-seen test from the store (on the store thread)."""
+        site = self.site
         records = self.frontier.count(site.name)
         self.seen = SeenTest(
             lookup=self._known,
@@ -226,23 +287,7 @@ class FrontierScheduler(BaseScheduler):
             cache_size=self._settings.getint("VERTICAL_SEEN_CACHE"),
         )
         self.seen.load(self.frontier.fingerprints(site.name))
-        traps = site.traps
-        self.host_guard = HostGuard(share=traps.host_share_guard, min_urls=traps.host_share_min_pages) \
-            if traps.host_share_guard else None
-        self.barren = BarrenGuard.for_site(site, self.seen)
-        per_day = self._budget_per_day()
-        self._fit_schedule(records, per_day)
-        # The schedule fits delays to the budget; a continuous crawl must
-        # also keep to it when more is due than the budget pays for.
-        self.pacer = BudgetPacer(per_day, self.now()) if self.continuous and site.refetch.budget else None
-        self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
-        self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
-        self._heartbeat = task.LoopingCall(self._beat)
-        # Often enough to renew leases well before they run out.
-        self._heartbeat.start(min(self.heartbeat, self.lease / 3), now=False)
-        logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
-                    self.frontier.uri, records, site.name, self.lane.name, self.owner)
-        return None
+        return records
 
     def _budget_per_day(self) -> float:
         """The fetches a day this site may spend: ``refetch.budget``, or with
@@ -257,17 +302,16 @@ class FrontierScheduler(BaseScheduler):
                            "(%g: concurrency %d, delay %gs): spending at most %g", self.site.name, asked,
                            ceiling, pol.concurrency, pol.delay, ceiling)
         self.stats.set_value("vertical/budget/per_day", per_day)
-        self.frontier.set_meta(self.site.name, "budget",
-                               {"per_day": per_day, "asked": asked, "ceiling": ceiling})
+        self._budget = {"per_day": per_day, "asked": asked, "ceiling": ceiling}
         return per_day
 
-    def _fit_schedule(self, records: int, per_day: float) -> None:
+    async def _fit_schedule(self, records: int, per_day: float) -> None:
         """Let a learning schedule see a sample of the site's records (its
         distribution of change rates) and fit the price of a fetch to the
         site's budget: *per_day* fetches."""
         sample: list[URLRecord] = []
         if hasattr(self.schedule, "learn") and records:
-            sample = self.frontier.sample(self.site.name, LEARN_SAMPLE)
+            sample = await self._call(self.frontier.sample, self.site.name, LEARN_SAMPLE)
             # Once a run: enough EM steps to settle from the persisted weights.
             used = self.schedule.learn(sample, iterations=LEARN_ITERATIONS, sample=LEARN_SAMPLE)
             self.stats.set_value("vertical/schedule/learned_from", used)
@@ -280,56 +324,71 @@ class FrontierScheduler(BaseScheduler):
             else:
                 self.schedule.set_budget(per_day, max(records, 1))
 
-    def close(self, reason: str) -> Deferred[None] | None:
+    def close(self, reason: str) -> Deferred[None]:
         """Write back what is settled, release the rest, merge the policies'
         state into the store's. The store stays open (and the heartbeat
         beating) until the commit has seen the feeds closed: :meth:`shutdown`."""
-        self._flush_discovered(claim=False)
-        self.commit.flush()
-        self.frontier.release(self.site.name, self.owner)
+        return Deferred.fromCoroutine(self._close())
+
+    async def _close(self) -> None:
+        self._closing = True  # no more claims; links found now are stored unclaimed
+        await self._links()
+        await self.commit.flush()
         site = self.site.name
         # Other processes may have moved the shared state meanwhile: merge.
         opened = self._opened_state
-        self.frontier.update_meta(site, f"priority.{self.priority.name}",
-                                  lambda stored: self.priority.merge_state(stored, opened.get("priority")))
+        merges = [(f"priority.{self.priority.name}",
+                   lambda stored: self.priority.merge_state(stored, opened.get("priority")))]
         if hasattr(self.schedule, "state"):
-            self.frontier.update_meta(site, f"schedule.{self.schedule.name}",
-                                      lambda stored: self.schedule.merge_state(stored, opened.get("schedule")))
+            merges.append((f"schedule.{self.schedule.name}",
+                           lambda stored: self.schedule.merge_state(stored, opened.get("schedule"))))
+
+        def leave() -> None:  # on the store thread, after every write before it
+            self.frontier.release(site, self.owner)
+            for key, merge in merges:
+                self.frontier.update_meta(site, key, merge)
+        await self._call(leave)
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
         if self.frontier.collisions:
             self.stats.set_value("vertical/seen/collisions", self.frontier.collisions)
         if self.host_guard and self.host_guard.guarded_hosts:
             self.stats.set_value("vertical/guarded_hosts", sorted(self.host_guard.guarded_hosts))
-        return None
 
-    def shutdown(self) -> None:
-        """The crawl is over and its items are where they go: leave the store."""
+    def shutdown(self) -> Deferred[None]:
+        """The crawl is over and its items are where they go: leave the store
+        (once every call made before has run) and end its thread."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
-        try:
-            self.frontier.forget_owner(self.site.name, self.owner)
-        finally:
-            self.frontier.close()
+        store = self.store
+        if store is None:
+            return succeed(None)
+        if store.frontier is None:
+            return store.close()
+        d = store.call(store.frontier.forget_owner, self.site.name, self.owner)
+        d.addErrback(lambda f: logger.error("Leaving the store failed", exc_info=(f.type, f.value, f.tb)))
+        d.addBoth(lambda _: store.close())
+        return d
 
     def has_pending_requests(self) -> bool:
         if self._direct:
             return True
         if self.budget_exhausted:
             return False  # what is still queued is released on close
-        if self._discovered or any(self._queues.values()):
+        if self._discovered or self._links.busy or self._refilling or any(self._queues.values()):
             return True
         if self.continuous:
             return True
         if self.commit.pending():
             return True
         now = time.monotonic()
-        checked_at, pending = self._pending_cache
-        # While pages are in flight the engine asks often: ask the store once
-        # a second. With none, this is the end-of-run question: ask now.
-        if now - checked_at >= _POLL or not self._inflight:
-            pending = self._due_in_store()
-            self._pending_cache = (now, pending)
+        checked_at, stores, pending = self._pending_cache
+        # Ask the store at most once a second (others may write it), and
+        # again whenever this process wrote it while none of its pages are
+        # in flight: then the engine asks whether the crawl is over.
+        if now - checked_at >= _POLL or (not self._inflight and stores != self._stores):
+            self._check_due()
+            return True  # until the store has answered
         return pending
 
     def enqueue_request(self, request: Request) -> bool:
@@ -359,7 +418,7 @@ class FrontierScheduler(BaseScheduler):
         for url in urls:
             self._discover(url, level, parent, False)
 
-    def sitemap_entries(self, entries: Iterable[tuple[str, float | None]]) -> int:
+    def sitemap_entries(self, entries: Iterable[tuple[str, float | None]]) -> Deferred[int]:
         """URLs a sitemap lists (canonical), each with its ``<lastmod>`` as a
         timestamp or None. New URLs are discovered at level 1 (announced, as
         a link from an entry page would be: the seen test and the trap guards
@@ -367,8 +426,8 @@ class FrontierScheduler(BaseScheduler):
         since: it is due now. One whose lastmod did not move keeps its
         ``next_fetch``: the schedule decides, the sitemap never brings it
         sooner. A lastmod later than now (a skewed clock) says nothing: taken
-        at its word it would make the page due at every reading. Returns how
-        many known pages were brought forward."""
+        at its word it would make the page due at every reading. Fires with
+        how many known pages were brought forward."""
         entries = list(entries)
         lastmods: dict[int, float] = {}
         now = self.now()
@@ -376,14 +435,26 @@ class FrontierScheduler(BaseScheduler):
             self._discover(url, 1, None, False)
             if lastmod is not None and lastmod <= now:
                 lastmods[fingerprint(url)] = lastmod
-        known = self.frontier.get_many(self.site.name, lastmods) if lastmods else {}
-        moved = [fp for fp, r in known.items() if r.visits and r.fetch_time < lastmods[fp]]
-        if moved:
-            self.frontier.make_due(self.site.name, moved, now, 0.0)
-            self._next_poll = 0.0
         self.stats.inc_value("vertical/sitemap/urls", len(entries))
-        self.stats.inc_value("vertical/sitemap/lastmod_moved", len(moved))
-        return len(moved)
+        if not lastmods:
+            return succeed(0)
+        site = self.site.name
+
+        def bring_forward() -> int:  # on the store thread
+            known = self.frontier.get_many(site, lastmods)
+            moved = [fp for fp, r in known.items() if r.visits and r.fetch_time < lastmods[fp]]
+            if moved:
+                self.frontier.make_due(site, moved, now, 0.0)
+            return len(moved)
+
+        def counted(moved: int) -> int:
+            self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
+            if moved:
+                self._stored()
+                self._next_poll = 0.0
+            return moved
+        d = self._call(bring_forward).addCallback(counted)
+        return d.addErrback(partial(self._store_failed, "sitemap"))
 
     def _discover(self, url: str, level: int, parent: URLRecord | None, seed: bool) -> None:
         fp = fingerprint(url)
@@ -391,7 +462,7 @@ class FrontierScheduler(BaseScheduler):
         if seen is None or level < seen[2]:
             self._discovered[fp] = (url, host_of(url), level, parent, seed)
         if len(self._discovered) >= self.batch:
-            self._flush_discovered()
+            self._links()
 
     def next_request(self) -> Request | None:
         self._maintain()
@@ -403,12 +474,12 @@ class FrontierScheduler(BaseScheduler):
             self.stats.inc_value("vertical/budget/paced")
             return None
         request = self._pop()
-        if request is None and self._discovered:
-            self._flush_discovered()
-            request = self._pop()
-        if request is None and self.now() >= self._next_poll:
-            self._refill()
-            request = self._pop()
+        if request is None:
+            # Answered from memory; what the store brings wakes the engine.
+            if self._discovered:
+                self._links()
+            if self.now() >= self._next_poll:
+                self._refill()
         if request is not None and self.pacer is not None:
             self.pacer.spend()
         return request
@@ -427,12 +498,17 @@ class FrontierScheduler(BaseScheduler):
         """Was ``record`` handed out by this scheduler and not yet settled?"""
         return self._inflight.get(record.fingerprint) is record
 
-    def wake(self, host: str, state: str) -> None:
+    def wake(self, host: str, state: str) -> Deferred[int]:
         """Make a host's records in a parked ``state`` due now (its
         robots.txt was fetched again: its forbidden URLs may be allowed)."""
-        if woken := self.frontier.wake(self.site.name, host, state, self.now()):
-            self.stats.inc_value(f"vertical/woken/{state}", woken)
-            self._next_poll = 0.0
+        def woken(n: int) -> int:
+            if n:
+                self.stats.inc_value(f"vertical/woken/{state}", n)
+                self._next_poll = 0.0
+                self._stored()
+            return n
+        d = self._call(self.frontier.wake, self.site.name, host, state, self.now()).addCallback(woken)
+        return d.addErrback(partial(self._store_failed, "wake"))
 
     def postpone_host(self, host: str, seconds: float) -> None:
         """Leave a host alone for a while (its robots.txt answered 5xx or timed
@@ -467,18 +543,29 @@ class FrontierScheduler(BaseScheduler):
 
     def _release_host(self, host: str) -> None:
         queue = self._queues.pop(host, [])
-        self._queued.difference_update(r.fingerprint for *_, r in queue)
-        if queue:
-            self.frontier.release(self.site.name, self.owner, [r.fingerprint for *_, r in queue])
+        self._release([r.fingerprint for *_, r in queue])
 
-    def records_for(self, fingerprints: Iterable[int]) -> dict[int, URLRecord]:
-        """Current records of these URLs (for policies that update outlinks)."""
-        self._flush_discovered()
-        return self.frontier.get_many(self.site.name, fingerprints)
+    def _release(self, fps: list[int]) -> None:
+        """Give claims back (a failed release leaves them to their lease)."""
+        if not fps:
+            return
+        self._queued.difference_update(fps)
+        for fp in fps:
+            self._claimed_at.pop(fp, None)
+        self._call(self.frontier.release, self.site.name, self.owner, fps).addErrback(
+            partial(self._store_failed, "release"))
 
-    def flush_discovered(self) -> None:
-        """Store the links found so far (before their pages are written back)."""
-        self._flush_discovered()
+    async def records_for(self, fingerprints: Iterable[int]) -> dict[int, URLRecord]:
+        """Current records of these URLs (for policies that update outlinks),
+        links found so far included."""
+        await self._links()
+        return await self._call(self.frontier.get_many, self.site.name, list(fingerprints))
+
+    def flush_discovered(self) -> Deferred[bool]:
+        """Store the links found so far (before their pages are written back);
+        fires once they are stored (True), or the attempt failed (False:
+        they are kept for the next)."""
+        return self._links()
 
     # -- internals ----------------------------------------------------------------
 
@@ -494,8 +581,12 @@ class FrontierScheduler(BaseScheduler):
             busy = self._on_the_way_per_host[host] + (len(slot_active(slot)) if slot is not None else 0)
             if busy >= (slot_concurrency(slot) if slot is not None else self._concurrency):
                 continue  # the host is busy; serve the next one
+            if not self._committable(queue[0][2]):
+                self.stats.inc_value("vertical/scheduler/lease_unconfirmed")
+                continue  # the store has not renewed its claim for long: keep it
             record = heapq.heappop(queue)[2]
             self._queued.discard(record.fingerprint)
+            self._claimed_at.pop(record.fingerprint, None)
             self._on_the_way[record.fingerprint] = host
             self._on_the_way_per_host[host] += 1
             fetched = self._per_host[host] = self._per_host.get(host, 0) + 1
@@ -509,10 +600,16 @@ class FrontierScheduler(BaseScheduler):
             return self.spider.request_for(record, self._templates.pop(record.fingerprint, None))
         return None
 
-    def _push(self, record: URLRecord) -> None:
+    def _committable(self, record: URLRecord) -> bool:
+        """Is the claim on ``record`` known to run for another half lease?"""
+        confirmed = max(self._claimed_at.get(record.fingerprint, 0.0), self._renewed_at)
+        return confirmed + self.lease / 2 >= time.monotonic()
+
+    def _push(self, record: URLRecord, claimed_at: float) -> None:
         if record.fingerprint in self._queued or record.fingerprint in self._inflight:
             return  # claimed again after our own lease ran out: held already
         self._queued.add(record.fingerprint)
+        self._claimed_at[record.fingerprint] = claimed_at
         queue = self._queues.get(record.host)
         if queue is None:
             queue = self._queues[record.host] = []
@@ -530,21 +627,42 @@ class FrontierScheduler(BaseScheduler):
         return held
 
     def _refill(self) -> None:
+        """Ask the store for due records (one claim in flight at a time)."""
+        if self._refilling or self._closing:
+            return
         busy = [h for h, q in self._queues.items() if len(q) >= self._host_target(h)]
         busy += self._held_back()
         limit = self.batch if not self._queues else min(self.batch, max(
             (self._host_target(h) for h in self._queues), default=self.batch))
-        records = self.frontier.claim_due(
-            self.site.name, self.owner, self.now(), self.lease, limit, self.lane,
-            exclude_hosts=busy, fetched_before=self.fetched_before,
-        )
+        self._refilling = True
+        asked = time.monotonic()
+        d = self._call(self.frontier.claim_due, self.site.name, self.owner, self.now(), self.lease, limit,
+                       self.lane, exclude_hosts=busy, fetched_before=self.fetched_before)
+        d.addCallbacks(self._claimed, self._claim_failed, callbackArgs=(asked,))
+        d.addBoth(self._refilled)
+
+    def _claimed(self, records: list[URLRecord], asked: float) -> None:
+        held = set(self._held_back())
+        back = []
         for record in records:
-            if record.state in (TRAP, FORBIDDEN) and not self._reexamine(record):
+            if record.host in held:
+                back.append(record.fingerprint)  # postponed while the claim was on its way
+            elif record.state in (TRAP, FORBIDDEN) and not self._reexamine(record):
                 continue
-            self._push(record)
+            else:
+                self._push(record, asked)
+        self._release(back)
         self.stats.inc_value("vertical/scheduler/claimed", len(records))
         if not records:
             self._next_poll = self.now() + _POLL
+
+    def _claim_failed(self, failure: Failure) -> None:
+        self._store_failed("claim", failure)
+        self._next_poll = self.now() + _POLL
+
+    def _refilled(self, _: Any) -> None:
+        self._refilling = False
+        self._wake_engine()  # with requests, or to hear that there are none
 
     def _reexamine(self, record: URLRecord) -> bool:
         """A parked record came due: fetch it again? A URL the trap guards
@@ -559,22 +677,39 @@ class FrontierScheduler(BaseScheduler):
         record.state = FETCHED if record.visits else NEW
         return True
 
-    def _due_in_store(self) -> bool:
+    def _check_due(self) -> None:
+        """Ask the store whether anything of this lane is due (or held by a
+        lease that may run out); the engine is woken with the answer."""
+        if self._checking_due:
+            return
+        self._checking_due = True
+        Deferred.fromCoroutine(self._due_in_store()).addErrback(
+            partial(self._store_failed, "due")).addBoth(self._due_checked)
+
+    def _due_checked(self, _: Any) -> None:
+        self._checking_due = False
+        if not self._pending_cache[2]:
+            self._wake_engine()  # to close (while something is due, it asks on its own)
+
+    async def _due_in_store(self) -> None:
         if not self._inflight:
             # Pages this process fetched still count as due until written back.
-            self.commit.flush()
-        lane = self.lane
-        due = self.frontier.next_due(self.site.name, self.now(), lane, fetched_before=self.fetched_before,
-                                     exclude_hosts=self._held_back())
+            await self.commit.flush()
+        stores, now = self._stores, self.now()
+        due = await self._call(self.frontier.next_due, self.site.name, now, self.lane,
+                               fetched_before=self.fetched_before, exclude_hosts=self._held_back())
         # Due and free now, or held by a lease that may yet run out: wait.
-        return due is not None and due <= self.now() + self.lease
+        self._pending_cache = (time.monotonic(), stores, due is not None and due <= now + self.lease)
 
-    def _flush_discovered(self, claim: bool = True) -> None:
+    async def _store_links(self) -> None:
+        """Store the links found so far: the seen test (on the store thread,
+        its lookups are store reads), then the trap guards and the policies
+        here, then the inserts (claiming what this process will fetch)."""
         if not self._discovered:
             return
         batch, self._discovered = self._discovered, {}
         try:
-            self._store_discovered(batch, claim)
+            await self._store_discovered(batch)
         except BaseException:
             # Not stored: keep the links for the next flush (the pages they
             # were found on are not written back before them).
@@ -582,12 +717,11 @@ class FrontierScheduler(BaseScheduler):
                 self._discovered.setdefault(fp, entry)
             raise
 
-    def _store_discovered(self, batch: dict[int, tuple[str, str, int, URLRecord | None, bool]],
-                          claim: bool) -> None:
+    async def _store_discovered(self, batch: dict[int, tuple[str, str, int, URLRecord | None, bool]]) -> None:
         site, now = self.site.name, self.now()
         self._checking = batch
-        new, known = self.seen.check_many(batch)
-        take = claim and self.lane.new_urls and not self.budget_exhausted
+        new, known = await self._call(self.seen.check_many, batch)
+        take = not self._closing and self.lane.new_urls and not self.budget_exhausted
         taken: list[URLRecord] = []
         left: list[URLRecord] = []
         taken_per_host: Counter[str] = Counter()
@@ -615,43 +749,71 @@ class FrontierScheduler(BaseScheduler):
                 taken_per_host[host] += 1
             else:
                 left.append(record)
-        inserted = self.frontier.add(taken, claim_owner=self.owner, lease=self.lease)
-        for record in inserted:
-            self._push(record)
-        inserted += self.frontier.add(left)
-        self.seen.add(r.fingerprint for r in inserted)
-        self.stats.inc_value("vertical/discovered", len(inserted))
         seeds = [fp for fp in known if batch[fp][4]]
-        if seeds:
-            self.frontier.make_due(site, seeds, now, self.site.refetch.min)
+        min_age = self.site.refetch.min
+
+        def insert() -> tuple[list[URLRecord], int]:  # on the store thread
+            claimed = self.frontier.add(taken, claim_owner=self.owner, lease=self.lease)
+            inserted = claimed + self.frontier.add(left)
+            self.seen.add(r.fingerprint for r in inserted)
+            if seeds:
+                self.frontier.make_due(site, seeds, now, min_age)
+            return inserted, len(claimed)
+
+        asked = time.monotonic()
+        inserted, claimed = await self._call(insert)
+        self._stored()
+        for record in inserted[:claimed]:
+            self._push(record, asked)
+        self.stats.inc_value("vertical/discovered", len(inserted))
+        self._wake_engine()
 
     def _maintain(self) -> None:
         """Periodic work piggy-backed on the engine's calls."""
         self.commit.maintain()
 
-    def _beat(self) -> None:
+    def _beat(self) -> Deferred[None] | None:
         """Tell the store this process is alive, renew the leases of what it
-        holds, and release the claims of processes that are not."""
+        holds, and release the claims of processes that are not. A beat
+        still waiting for the store is not doubled."""
+        if self._beating or self.store is None:
+            return None
+        held = [r.fingerprint for q in self._queues.values() for *_, r in q]
+        held += list(self._inflight)
+        held += self.commit.held()
+        info = {
+            "host": socket.gethostname(), "pid": os.getpid(), "started": self._started,
+            "lane": self.lane.name if hasattr(self, "lane") else None,
+            "pages": self._handed_out,
+        }
+        self._beating = True
+        asked = time.monotonic()
+        d = self._call(self._beat_here, info, held)
+        d.addCallbacks(self._beaten, partial(self._store_failed, "heartbeat"), callbackArgs=(asked, held))
+        d.addBoth(self._beat_done)
+        return d
+
+    def _beat_here(self, info: dict[str, Any], held: list[int]) -> list[str]:
+        """The heartbeat's store calls (on the store thread)."""
         site, frontier = self.site.name, self.frontier
-        try:
-            frontier.heartbeat(site, self.owner, self.heartbeat * MISSED_HEARTBEATS, {
-                "host": socket.gethostname(), "pid": os.getpid(), "started": self._started,
-                "lane": self.lane.name if hasattr(self, "lane") else None,
-                "pages": self._handed_out,
-            })
-            held = [r.fingerprint for q in self._queues.values() for *_, r in q]
-            held += list(self._inflight)
-            held += self.commit.held()
-            if held:
-                frontier.renew(site, self.owner, held, self.lease)
-                self.stats.inc_value("vertical/scheduler/lease_renewals")
-            if dead := frontier.reap(site, dead=self._dead_here()):
-                self.stats.inc_value("vertical/owners/reaped", len(dead))
-                logger.info("Claims of stopped crawl processes released: %s", ", ".join(dead))
-                self._next_poll = 0.0
-        except Exception:
-            # A store hiccup: the next beat tries again (three may be missed).
-            logger.exception("Heartbeat to the store failed")
+        frontier.heartbeat(site, self.owner, self.heartbeat * MISSED_HEARTBEATS, info)
+        if held:
+            frontier.renew(site, self.owner, held, self.lease)
+        return frontier.reap(site, dead=self._dead_here())
+
+    def _beaten(self, dead: list[str], asked: float, held: list[int]) -> None:
+        # Every claim held when the beat was sent runs a lease from then on.
+        self._renewed_at = asked
+        if held:
+            self.stats.inc_value("vertical/scheduler/lease_renewals")
+        if dead:
+            self.stats.inc_value("vertical/owners/reaped", len(dead))
+            logger.info("Claims of stopped crawl processes released: %s", ", ".join(dead))
+            self._next_poll = 0.0
+            self._stored()
+
+    def _beat_done(self, _: Any) -> None:
+        self._beating = False
 
     def _dead_here(self) -> list[str]:
         """Owners that ran on this machine and whose process is gone."""
@@ -708,6 +870,46 @@ class FrontierScheduler(BaseScheduler):
         # The engine also goes idle between store polls; make sure the
         # write buffer does not wait for the next request.
         self.commit.flush()
+
+    # -- the store thread ---------------------------------------------------------
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Deferred[Any]:
+        """Run a store call on the store thread, after those made before."""
+        assert self.store is not None, "the scheduler has not opened"
+        return self.store.call(fn, *args, **kwargs)
+
+    def _stored(self) -> None:
+        """The store was written: what it said was due may have changed."""
+        self._stores += 1
+
+    def written(self) -> None:
+        """The commit wrote pages back: the engine may ask whether the crawl is over."""
+        self._stored()
+        self._wake_engine()
+
+    def _store_failed(self, what: str, failure: Failure) -> None:
+        """A store call failed (the store thread logged nothing): count it and
+        log it; its data stays where it was, for the next attempt."""
+        self.stats.inc_value(f"vertical/store/failed/{what}")
+        logger.error("Store call failed (%s): %s", what, failure.getErrorMessage(),
+                     exc_info=(failure.type, failure.value, failure.getTracebackObject()))
+
+    def _wake_engine(self) -> None:
+        engine = self.crawler.engine
+        if engine is not None:
+            wake_engine(engine)
+
+
+class _FilterOnly:
+    """The seen test as the barren guard asks it, on the reactor: by the
+    filter alone, with no store lookup (the store thread owns those)."""
+
+    def __init__(self, seen: SeenTest) -> None:
+        self.seen = seen
+
+    def check_many(self, fingerprints: Iterable[int]) -> tuple[set[int], set[int]]:
+        new = self.seen.absent(fingerprints)
+        return new, set(fingerprints) - new
 
 
 def _redis_params(settings: Any) -> dict[str, Any]:

@@ -108,6 +108,13 @@ class SeenTest:
                     self.false_positives += 1
         return new, known
 
+    def absent(self, fingerprints: Iterable[int]) -> set[int]:
+        """Those the filter has never seen: certainly new. No store lookup,
+        no counters, nothing written, so it may run beside a check in
+        another thread; a Bloom false positive answers "not absent"."""
+        bloom = self._bloom
+        return {fp for fp in fingerprints if fp not in bloom}
+
     def add(self, fingerprints: Iterable[int]) -> None:
         """Record fingerprints just inserted in the store."""
         bloom = self._bloom

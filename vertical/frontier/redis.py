@@ -67,7 +67,9 @@ blocks for long.
 
 When Redis is unreachable, every operation logs a warning and retries with
 a bounded backoff for ``patience`` seconds (default 5 minutes) before it
-raises. A retried write is idempotent, except that records claimed by a
+raises. The waits block the calling thread, which in a crawl is never the
+reactor: every store call runs on the crawl's store thread
+(:mod:`vertical.frontier.worker`). A retried write is idempotent, except that records claimed by a
 request whose reply was lost stay leased to this owner until the lease runs
 out (nothing is lost, they come back later), that ``reap`` may then not
 report the owners it reaped, and that ``update_meta`` may apply its
@@ -1378,7 +1380,8 @@ class RedisFrontier(Frontier):
         return script(keys=k.script_keys, args=[*self._script_args(k), *args])
 
     def _retry(self, operation: Callable[[bool], T]) -> T:
-        """Run ``operation(retrying)``, waiting out an unreachable Redis."""
+        """Run ``operation(retrying)``, waiting out an unreachable Redis (in
+        this thread: the crawl's store thread, not the reactor)."""
         delay, first = RETRY_DELAYS[0], True
         deadline = time.monotonic() + self.patience
         while True:
