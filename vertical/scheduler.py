@@ -40,14 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from twisted.internet import task
+from scrapy.utils.log import failure_to_exc_info
+from twisted.internet import task, threads
+from twisted.python.failure import Failure
 
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency
 from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.policies import make_priority, make_schedule
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
-from vertical.seen import SeenTest
+from vertical.seen import SeenKeeper, SeenTest
 from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
 from vertical.urls import canonicalize, fingerprint, host_of
 
@@ -154,6 +156,8 @@ class FrontierScheduler(BaseScheduler):
         self._next_poll = 0.0
         self._pending_cache: tuple[float, bool] = (0.0, False)
         self._heartbeat: task.LoopingCall | None = None
+        self._seen_saver: task.LoopingCall | None = None
+        self._seen_saving = False
         self._opened_state: dict[str, Any] = {}
         self._handed_out = 0
         self._per_host: dict[str, int] = {}
@@ -225,7 +229,11 @@ class FrontierScheduler(BaseScheduler):
             error_rate=self._settings.getfloat("VERTICAL_SEEN_ERROR_RATE"),
             cache_size=self._settings.getint("VERTICAL_SEEN_CACHE"),
         )
-        self.seen.load(self.frontier.fingerprints(site.name))
+        # Saved with the store, so that a large crawl opens in seconds.
+        self.seen_keeper = SeenKeeper(self.seen, self.frontier, site.name)
+        started = time.monotonic()
+        self.stats.set_value("vertical/seen/opened", self.seen_keeper.open())
+        self.stats.set_value("vertical/seen/open_seconds", round(time.monotonic() - started, 3))
         traps = site.traps
         self.host_guard = HostGuard(share=traps.host_share_guard, min_urls=traps.host_share_min_pages) \
             if traps.host_share_guard else None
@@ -240,6 +248,9 @@ class FrontierScheduler(BaseScheduler):
         self._heartbeat = task.LoopingCall(self._beat)
         # Often enough to renew leases well before they run out.
         self._heartbeat.start(min(self.heartbeat, self.lease / 3), now=False)
+        if interval := self._settings.getfloat("VERTICAL_SEEN_SAVE"):
+            self._seen_saver = task.LoopingCall(self._save_seen)
+            self._seen_saver.start(interval, now=False)
         logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
                     self.frontier.uri, records, site.name, self.lane.name, self.owner)
         return None
@@ -295,6 +306,9 @@ class FrontierScheduler(BaseScheduler):
         if hasattr(self.schedule, "state"):
             self.frontier.update_meta(site, f"schedule.{self.schedule.name}",
                                       lambda stored: self.schedule.merge_state(stored, opened.get("schedule")))
+        if self._seen_saver is not None and self._seen_saver.running:
+            self._seen_saver.stop()
+        self.seen_keeper.save()
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
         if self.frontier.collisions:
@@ -652,6 +666,20 @@ class FrontierScheduler(BaseScheduler):
         except Exception:
             # A store hiccup: the next beat tries again (three may be missed).
             logger.exception("Heartbeat to the store failed")
+
+    def _save_seen(self) -> Deferred[None] | None:
+        """Save the seen filter now and then (a killed crawl reopens from
+        the last one): copied here, written in a thread."""
+        if self._seen_saving or (save := self.seen_keeper.snapshot()) is None:
+            return None
+        self._seen_saving = True
+
+        def done(result: Any) -> None:
+            self._seen_saving = False
+            if isinstance(result, Failure):
+                logger.error("Saving the seen filter failed", exc_info=failure_to_exc_info(result))
+
+        return threads.deferToThread(save).addBoth(done)
 
     def _dead_here(self) -> list[str]:
         """Owners that ran on this machine and whose process is gone."""

@@ -8,19 +8,23 @@ machine's ``time.time()``) once, under that lock.
 
 Besides the records (``urls``) and site state (``meta``), the file holds the
 crawl processes' heartbeats (``owners``) and their undelivered items
-(``outbox``).
+(``outbox``). The seen test's filter of each site is a file beside it
+(``<store>-seen-<site>``), named in ``seen_filters``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, check_outbox, merge_extra
 from vertical.record import PARKED_STATES, URLRecord
@@ -81,6 +85,14 @@ CREATE TABLE IF NOT EXISTS owners (
     info TEXT,
     PRIMARY KEY (site, owner)
 );
+-- The seen test's saved filter of a site: the file beside the store that
+-- starts with `nonce`, holding every record of the site up to the position
+-- `mark` (JSON: the table's last rowid, its row, the site's count).
+CREATE TABLE IF NOT EXISTS seen_filters (
+    site TEXT PRIMARY KEY,
+    nonce TEXT NOT NULL,
+    mark TEXT NOT NULL
+);
 -- Items emitted and not yet delivered, by the process that emitted them.
 CREATE TABLE IF NOT EXISTS outbox (
     site TEXT NOT NULL,
@@ -99,7 +111,12 @@ COUNT_DUE_CAP = 100_000
 _DUE_SCAN_FACTOR = 20
 
 _INSERT = f"INSERT OR IGNORE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
-_UPSERT = f"INSERT OR REPLACE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+# An update in place, not INSERT OR REPLACE (a delete and an insert): a
+# record keeps its rowid, so the rows above a rowid stay the records stored
+# since (the seen filter's top-up, ``load_seen``).
+_UPSERT = (f"INSERT INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
+           f"ON CONFLICT (site, fp) DO UPDATE SET "
+           f"{', '.join(f'{c} = excluded.{c}' for c in _COLUMNS if c not in ('site', 'fp'))}")
 # Fenced saves: the record's columns but its key, its claim dropped (release)
 # or left as stored; written only while `owner` holds the stored claim.
 _DATA_COLUMNS = tuple(c for c in _COLUMNS if c not in ("site", "fp", "claim_owner", "claim_until"))
@@ -584,6 +601,86 @@ class SQLiteFrontier(Frontier):
         cursor = self._db.execute("SELECT fp FROM urls WHERE site = ?", (site,))
         for (fp,) in cursor:
             yield fp
+
+    # -- the seen test's filter ------------------------------------------------
+    #
+    # Records are never deleted, and SQLite gives a new row a rowid above
+    # every rowid in the table, committed writes one after another: the rows
+    # of a site above a rowid are exactly the records stored since a read of
+    # it. What breaks this from outside (rows deleted by hand, then a VACUUM
+    # renumbering rowids or a new row taking a freed one) is caught by the
+    # mark's other two terms: the row at the marked rowid must be the same,
+    # and the saved count plus the rows since must be the site's count; else
+    # the filter is rebuilt.
+
+    def _seen_path(self, site: str) -> Path:
+        return Path(f"{self.path}-seen-{quote(site, safe='')}")
+
+    @staticmethod
+    def _position(db: sqlite3.Connection, site: str) -> dict[str, Any]:
+        top = db.execute("SELECT rowid, site, fp FROM urls ORDER BY rowid DESC LIMIT 1").fetchone()
+        return {"rowid": top[0] if top else 0, "top": list(top[1:]) if top else None,
+                "count": db.execute("SELECT COUNT(*) FROM urls WHERE site = ?", (site,)).fetchone()[0]}
+
+    def seen_mark(self, site: str) -> dict[str, Any] | None:
+        if self.path == ":memory:":
+            return None
+        with self._transaction(immediate=False) as db:
+            return self._position(db, site)
+
+    def load_seen(self, site: str) -> tuple[bytes, list[int], dict[str, Any]] | None:
+        if self.path == ":memory:":
+            return None
+        saved = self._read("SELECT nonce, mark FROM seen_filters WHERE site = ?", (site,))
+        if not saved:
+            return None
+        nonce, saved_mark = saved[0][0], json.loads(saved[0][1])
+        try:
+            with open(self._seen_path(site), "rb") as f:
+                # Another store's file, or one whose save did not finish.
+                if f.readline() != f"{nonce}\n".encode():
+                    return None
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        with self._transaction(immediate=False) as db:
+            mark = self._position(db, site)
+            top = db.execute("SELECT site, fp FROM urls WHERE rowid = ?", (saved_mark["rowid"],)).fetchone()
+            since = [fp for (fp,) in db.execute("SELECT fp FROM urls WHERE rowid > ? AND rowid <= ? AND site = ?",
+                                                 (saved_mark["rowid"], mark["rowid"], site))]
+        if (list(top) if top else None) != saved_mark["top"] or saved_mark["count"] + len(since) != mark["count"]:
+            return None
+        return data, since, mark
+
+    def save_seen(self, site: str, data: bytes, mark: dict[str, Any] | None, added: int = 0) -> dict[str, Any] | None:
+        if self.path == ":memory:" or mark is None:
+            return mark
+        with self._transaction(immediate=False) as db:
+            # Only this process stored records since the mark (it added as
+            # many): the filter holds them all, move the mark past them.
+            top = db.execute("SELECT rowid, site, fp FROM urls ORDER BY rowid DESC LIMIT 1").fetchone()
+            since = db.execute("SELECT COUNT(*) FROM urls WHERE rowid > ? AND site = ?",
+                               (mark["rowid"], site)).fetchone()[0]
+        if since == added and top and top[0] > mark["rowid"]:
+            mark = {"rowid": top[0], "top": list(top[1:]), "count": mark["count"] + since}
+        nonce = uuid.uuid4().hex
+        path = self._seen_path(site)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            # Whole or not at all: a crash leaves the old file, or the new
+            # one under a nonce the table does not name yet.
+            with open(tmp, "wb") as f:
+                f.write(f"{nonce}\n".encode())
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO seen_filters (site, nonce, mark) VALUES (?, ?, ?)",
+                       (site, nonce, json.dumps(mark)))
+        return mark
 
     def count(self, site: str | None = None) -> int:
         if site is None:
