@@ -15,6 +15,8 @@ crawl processes' heartbeats (``owners``) and their undelivered items
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import random
 import sqlite3
@@ -28,6 +30,8 @@ from urllib.parse import quote
 
 from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, check_outbox, merge_extra
 from vertical.record import PARKED_STATES, URLRecord
+
+logger = logging.getLogger(__name__)
 
 _COLUMNS = (
     "site", "fp", "url", "host", "level", "state", "claim_owner", "claim_until",
@@ -63,8 +67,9 @@ CREATE TABLE IF NOT EXISTS urls (
     extra TEXT,
     PRIMARY KEY (site, fp)
 );
--- Due records in time order: the cheap path when few records are due.
-CREATE INDEX IF NOT EXISTS urls_due ON urls (site, next_fetch);
+-- Due records in time order: the cheap path when few records are due. With
+-- their priority, a claim picks the best of them without reading their rows.
+CREATE INDEX IF NOT EXISTS urls_due ON urls (site, next_fetch, priority);
 -- Records in priority order: the cheap path when many are due. The due and
 -- run filters' columns ride along, so the walk skips rows without reading them.
 CREATE INDEX IF NOT EXISTS urls_priority ON urls (site, priority DESC, next_fetch, fetch_time, claim_until);
@@ -104,10 +109,12 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 """
 
+_PRIORITY = _COLUMNS.index("priority")
 #: ``count_due`` counts at most this many (it is a backlog figure).
 COUNT_DUE_CAP = 100_000
-#: Below this many due records per claimed one, scan the due index and sort;
-#: above it, walk the priority index and filter (see ``claim_due``).
+#: Below this many due records per claimed one, always take them from the due
+#: index; above it, when more are due than ``_due_scan_bound``, walk the
+#: priority index (see ``claim_due``).
 _DUE_SCAN_FACTOR = 20
 
 _INSERT = f"INSERT OR IGNORE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
@@ -167,6 +174,30 @@ def _chunks(items: Sequence[Any], size: int = 500) -> Iterator[Sequence[Any]]:
         yield items[i : i + size]
 
 
+def _due_scan_bound(limit: int, records: int) -> int:
+    """How many due records a claim reads from the due index rather than
+    walk the priority index: reading N_due entries beats walking about
+    ``limit * N / N_due`` up to ``N_due = sqrt(limit * N)``, and at least
+    ``_DUE_SCAN_FACTOR`` times ``limit`` (the walk also reads rows).
+    ``records`` bounds N (the rowid bound: every site's records)."""
+    return max(limit * _DUE_SCAN_FACTOR, math.isqrt(limit * records))
+
+
+def _drop_changed_indexes(db: sqlite3.Connection) -> None:
+    """Drop the indexes of an older store whose definition ``_SCHEMA`` has
+    changed, so that opening it creates them anew (once: minutes at 10^7
+    records)."""
+    for statement in _SCHEMA.split(";"):
+        sql = " ".join(" ".join(line for line in statement.splitlines() if not line.lstrip().startswith("--")).split())
+        if not sql.startswith("CREATE INDEX IF NOT EXISTS "):
+            continue
+        name = sql.split()[5]
+        row = db.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).fetchone()
+        if row and " ".join(row[0].split()) != sql.replace(" IF NOT EXISTS", "", 1):
+            logger.warning("Frontier index %s changed: building it anew (once)", name)
+            db.execute(f"DROP INDEX {name}")
+
+
 def _lane_clause(lane: Lane, now: float) -> tuple[str, list[Any]]:
     """SQL condition (and parameters) for "due and in this lane"."""
     parts: list[str] = []
@@ -213,6 +244,7 @@ class SQLiteFrontier(Frontier):
         self._db.execute("PRAGMA cache_size=-131072")  # KiB: 128 MiB
         self._db.execute("PRAGMA mmap_size=1073741824")
         with self._transaction():
+            _drop_changed_indexes(self._db)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
@@ -323,19 +355,21 @@ class SQLiteFrontier(Frontier):
             lane_params += list(exclude_hosts)
         with self._transaction() as db:
             clock = self.clock()
-            # Few due records: read them all through the due index and sort.
-            # Many: walk the priority index and stop after ``limit`` matches.
-            due = db.execute(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM urls INDEXED BY urls_due "
-                "WHERE site = ? AND next_fetch <= ? LIMIT ?)",
-                (site, now, limit * _DUE_SCAN_FACTOR),
-            ).fetchone()[0]
-            index = "urls_due" if due < limit * _DUE_SCAN_FACTOR and not lane.stale else "urls_priority"
-            rows = db.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM urls INDEXED BY {index} "
-                f"WHERE {' AND '.join(where)} ORDER BY priority DESC LIMIT ?",
-                (site, clock, *lane_params, limit),
-            ).fetchall()
+            params = (site, clock, *lane_params)
+            # Few due records: pick the best of them from the due index, then
+            # read rows in that order until ``limit`` pass. Many: walk the
+            # priority index, which meets a due one every N / N_due rows.
+            if lane.stale:  # stale records are claimable whatever their next_fetch
+                rows = self._claim_walk(db, where, params, limit)
+            else:
+                bound = _due_scan_bound(limit, db.execute("SELECT MAX(rowid) FROM urls").fetchone()[0] or 0)
+                due = db.execute(
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM urls INDEXED BY urls_due "
+                    "WHERE site = ? AND next_fetch <= ? LIMIT ?)",
+                    (site, now, bound),
+                ).fetchone()[0]
+                rows = self._claim_due_first(db, site, now, where, params, limit) if due < bound \
+                    else self._claim_walk(db, where, params, limit)
             records = [_row_to_record(row) for row in rows]
             until = clock + lease
             db.executemany(
@@ -345,6 +379,39 @@ class SQLiteFrontier(Frontier):
         for record in records:
             record.claim_owner, record.claim_until = owner, until
         return records
+
+    @staticmethod
+    def _claim_walk(db: sqlite3.Connection, where: list[str], params: Sequence[Any], limit: int) -> list[Any]:
+        return db.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM urls INDEXED BY urls_priority "
+            f"WHERE {' AND '.join(where)} ORDER BY priority DESC LIMIT ?",
+            (*params, limit),
+        ).fetchall()
+
+    @staticmethod
+    def _claim_due_first(db: sqlite3.Connection, site: str, now: float, where: list[str],
+                         params: Sequence[Any], limit: int) -> list[Any]:
+        # The due ones by priority from the index alone (no row read), then
+        # their rows in that order, a chunk at a time, through the full
+        # filter (lease, lane, run, hosts): most pass, so a claim reads
+        # about ``limit`` rows however many are due.
+        due = db.execute("SELECT priority, rowid FROM urls INDEXED BY urls_due WHERE site = ? AND next_fetch <= ?",
+                         (site, now)).fetchall()
+        due.sort(reverse=True)
+        rows: list[Any] = []
+        chunk = min(max(2 * limit, 64), 2000)
+        for i in range(0, len(due), chunk):
+            ids = [rowid for _, rowid in due[i:i + chunk]]
+            found = db.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM urls WHERE rowid IN ({', '.join('?' * len(ids))}) "
+                f"AND {' AND '.join(where)}",
+                (*ids, *params),
+            ).fetchall()
+            found.sort(key=lambda row: row[_PRIORITY], reverse=True)
+            rows += found[:limit - len(rows)]
+            if len(rows) >= limit:
+                break
+        return rows
 
     def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> None:
         fps = list(fingerprints)
