@@ -439,7 +439,10 @@ class SQLiteFrontier(Frontier):
     @staticmethod
     def _release_all(db: sqlite3.Connection, site: str, owner: str) -> int:
         return db.execute(
-            "UPDATE urls SET claim_owner = NULL, claim_until = 0 WHERE claim_owner = ? AND site = ?",
+            # The owner's claims only: left to itself SQLite reads every
+            # record of the site (by the site prefix of another index).
+            "UPDATE urls INDEXED BY urls_claims SET claim_owner = NULL, claim_until = 0 "
+            "WHERE claim_owner = ? AND site = ?",
             (owner, site),
         ).rowcount
 
@@ -680,6 +683,9 @@ class SQLiteFrontier(Frontier):
     # and the saved count plus the rows since must be the site's count; else
     # the filter is rebuilt.
 
+    # (The rows since a rowid are read NOT INDEXED: by the rowid, not by
+    # every row of the site through an index with a site prefix.)
+
     def _seen_path(self, site: str) -> Path:
         return Path(f"{self.path}-seen-{quote(site, safe='')}")
 
@@ -713,7 +719,7 @@ class SQLiteFrontier(Frontier):
         with self._transaction(immediate=False) as db:
             mark = self._position(db, site)
             top = db.execute("SELECT site, fp FROM urls WHERE rowid = ?", (saved_mark["rowid"],)).fetchone()
-            since = [fp for (fp,) in db.execute("SELECT fp FROM urls WHERE rowid > ? AND rowid <= ? AND site = ?",
+            since = [fp for (fp,) in db.execute("SELECT fp FROM urls NOT INDEXED WHERE rowid > ? AND rowid <= ? AND site = ?",
                                                  (saved_mark["rowid"], mark["rowid"], site))]
         if (list(top) if top else None) != saved_mark["top"] or saved_mark["count"] + len(since) != mark["count"]:
             return None
@@ -726,7 +732,7 @@ class SQLiteFrontier(Frontier):
             # Only this process stored records since the mark (it added as
             # many): the filter holds them all, move the mark past them.
             top = db.execute("SELECT rowid, site, fp FROM urls ORDER BY rowid DESC LIMIT 1").fetchone()
-            since = db.execute("SELECT COUNT(*) FROM urls WHERE rowid > ? AND site = ?",
+            since = db.execute("SELECT COUNT(*) FROM urls NOT INDEXED WHERE rowid > ? AND site = ?",
                                (mark["rowid"], site)).fetchone()[0]
         if since == added and top and top[0] > mark["rowid"]:
             mark = {"rowid": top[0], "top": list(top[1:]), "count": mark["count"] + since}
