@@ -308,7 +308,11 @@ class FrontierScheduler(BaseScheduler):
                                       lambda stored: self.schedule.merge_state(stored, opened.get("schedule")))
         if self._seen_saver is not None and self._seen_saver.running:
             self._seen_saver.stop()
-        self.seen_keeper.save()
+        try:
+            self.seen_keeper.save()
+        except Exception:
+            # Harmless: the next open rebuilds the filter or tops it up.
+            logger.exception("Saving the seen filter failed")
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
         if self.frontier.collisions:

@@ -14,6 +14,7 @@ crawl processes' heartbeats (``owners``) and their undelivered items
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -391,25 +392,28 @@ class SQLiteFrontier(Frontier):
     @staticmethod
     def _claim_due_first(db: sqlite3.Connection, site: str, now: float, where: list[str],
                          params: Sequence[Any], limit: int) -> list[Any]:
-        # The due ones by priority from the index alone (no row read), then
-        # their rows in that order, a chunk at a time, through the full
-        # filter (lease, lane, run, hosts): most pass, so a claim reads
-        # about ``limit`` rows however many are due.
-        due = db.execute("SELECT priority, rowid FROM urls INDEXED BY urls_due WHERE site = ? AND next_fetch <= ?",
-                         (site, now)).fetchall()
-        due.sort(reverse=True)
+        # The best due ones from the due index alone (SQLite keeps the top
+        # of them as it reads; no row read), then their rows by rowid, a
+        # chunk at a time, through the full filter (lease, lane, run,
+        # hosts): most pass, so a claim reads about ``limit`` rows however
+        # many are due. NOT INDEXED: SQLite would rather range over the due
+        # index again than look up the rowids.
         rows: list[Any] = []
         chunk = min(max(2 * limit, 64), 2000)
-        for i in range(0, len(due), chunk):
-            ids = [rowid for _, rowid in due[i:i + chunk]]
+        for offset in itertools.count(0, chunk):
+            ids = [rowid for (rowid,) in db.execute(
+                "SELECT rowid FROM urls INDEXED BY urls_due WHERE site = ? AND next_fetch <= ? "
+                "ORDER BY priority DESC, rowid DESC LIMIT ? OFFSET ?", (site, now, chunk, offset))]
+            if not ids:
+                break
             found = db.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM urls WHERE rowid IN ({', '.join('?' * len(ids))}) "
+                f"SELECT {', '.join(_COLUMNS)} FROM urls NOT INDEXED WHERE rowid IN ({', '.join('?' * len(ids))}) "
                 f"AND {' AND '.join(where)}",
                 (*ids, *params),
             ).fetchall()
             found.sort(key=lambda row: row[_PRIORITY], reverse=True)
             rows += found[:limit - len(rows)]
-            if len(rows) >= limit:
+            if len(rows) >= limit or len(ids) < chunk:
                 break
         return rows
 
