@@ -98,7 +98,7 @@ class RedisServer:
 
     def save(self) -> None:
         import redis
-        redis.Redis(port=self.port).save()
+        redis.Redis(port=self.port, socket_timeout=None, socket_connect_timeout=60).save()
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -174,7 +174,6 @@ def open_runs(args: argparse.Namespace) -> None:
             records = store.count(SITE)
         print(f"{uri}: {records} records of site {SITE!r}", flush=True)
         crawl(uri, workdir, "warm")  # migrations, the page cache; leaves the filter saved
-        empty = f"sqlite:///{workdir / 'empty.sqlite3'}"
         for i in range(args.pairs):
             order = ("rebuilt", "saved") if i % 2 == 0 else ("saved", "rebuilt")
             for kind in order:
@@ -185,7 +184,7 @@ def open_runs(args: argparse.Namespace) -> None:
                 results[kind].append(r)
                 print(f"  {kind:8} first request {r['first_request_s']:6.2f} s (seen filter {r['seen_open_s']:.2f} s), "
                       f"whole run {r['run_s']:6.2f} s", flush=True)
-            r = crawl(empty, workdir, f"empty-{i}")
+            r = crawl(f"sqlite:///{workdir / f'empty-{i}.sqlite3'}", workdir, f"empty-{i}")
             results["empty store"].append(r)
             print(f"  empty    first request {r['first_request_s']:6.2f} s", flush=True)
     finally:
