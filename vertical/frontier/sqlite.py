@@ -93,7 +93,7 @@ CREATE TABLE IF NOT EXISTS owners (
 );
 -- The seen test's saved filter of a site: the file beside the store that
 -- starts with `nonce`, holding every record of the site up to the position
--- `mark` (JSON: the table's last rowid, its row, the site's count).
+-- `mark` (JSON: the table's last rowid and its row's site and fingerprint).
 CREATE TABLE IF NOT EXISTS seen_filters (
     site TEXT PRIMARY KEY,
     nonce TEXT NOT NULL,
@@ -681,11 +681,12 @@ class SQLiteFrontier(Frontier):
     # Records are never deleted, and SQLite gives a new row a rowid above
     # every rowid in the table, committed writes one after another: the rows
     # of a site above a rowid are exactly the records stored since a read of
-    # it. What breaks this from outside (rows deleted by hand, then a VACUUM
-    # renumbering rowids or a new row taking a freed one) is caught by the
-    # mark's other two terms: the row at the marked rowid must be the same,
-    # and the saved count plus the rows since must be the site's count; else
-    # the filter is rebuilt.
+    # it. Only a new row taking a rowid at or below the mark could slip
+    # through, and SQLite reuses a rowid only once the highest row is gone
+    # (rows deleted by hand, then a VACUUM renumbering them or a new row
+    # taking the freed rowid): the mark names that row, and when the row at
+    # its rowid is another one (or none) the filter is rebuilt. (Counting
+    # the site's records instead would cost a second at 10^7.)
 
     # (The rows since a rowid are read NOT INDEXED: by the rowid, not by
     # every row of the site through an index with a site prefix.)
@@ -694,16 +695,15 @@ class SQLiteFrontier(Frontier):
         return Path(f"{self.path}-seen-{quote(site, safe='')}")
 
     @staticmethod
-    def _position(db: sqlite3.Connection, site: str) -> dict[str, Any]:
+    def _position(db: sqlite3.Connection) -> dict[str, Any]:
         top = db.execute("SELECT rowid, site, fp FROM urls ORDER BY rowid DESC LIMIT 1").fetchone()
-        return {"rowid": top[0] if top else 0, "top": list(top[1:]) if top else None,
-                "count": db.execute("SELECT COUNT(*) FROM urls WHERE site = ?", (site,)).fetchone()[0]}
+        return {"rowid": top[0], "top": list(top[1:])} if top else {"rowid": 0, "top": None}
 
     def seen_mark(self, site: str) -> dict[str, Any] | None:
         if self.path == ":memory:":
             return None
         with self._transaction(immediate=False) as db:
-            return self._position(db, site)
+            return self._position(db)
 
     def load_seen(self, site: str) -> tuple[bytes, list[int], dict[str, Any]] | None:
         if self.path == ":memory:":
@@ -721,11 +721,11 @@ class SQLiteFrontier(Frontier):
         except FileNotFoundError:
             return None
         with self._transaction(immediate=False) as db:
-            mark = self._position(db, site)
+            mark = self._position(db)
             top = db.execute("SELECT site, fp FROM urls WHERE rowid = ?", (saved_mark["rowid"],)).fetchone()
             since = [fp for (fp,) in db.execute("SELECT fp FROM urls NOT INDEXED WHERE rowid > ? AND rowid <= ? AND site = ?",
                                                  (saved_mark["rowid"], mark["rowid"], site))]
-        if (list(top) if top else None) != saved_mark["top"] or saved_mark["count"] + len(since) != mark["count"]:
+        if (list(top) if top else None) != saved_mark["top"]:
             return None
         return data, since, mark
 
@@ -739,7 +739,7 @@ class SQLiteFrontier(Frontier):
             since = db.execute("SELECT COUNT(*) FROM urls NOT INDEXED WHERE rowid > ? AND site = ?",
                                (mark["rowid"], site)).fetchone()[0]
         if since == added and top and top[0] > mark["rowid"]:
-            mark = {"rowid": top[0], "top": list(top[1:]), "count": mark["count"] + since}
+            mark = {"rowid": top[0], "top": list(top[1:])}
         nonce = uuid.uuid4().hex
         path = self._seen_path(site)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
