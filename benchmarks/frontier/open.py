@@ -176,6 +176,8 @@ def open_runs(args: argparse.Namespace) -> None:
         crawl(uri, workdir, "warm")  # migrations, the page cache; leaves the filter saved
         for i in range(args.pairs):
             order = ("rebuilt", "saved") if i % 2 == 0 else ("saved", "rebuilt")
+            if args.saved_only:
+                order = ("saved",)
             for kind in order:
                 if kind == "rebuilt":
                     drop_saved_filter(uri)
@@ -201,6 +203,8 @@ def open_runs(args: argparse.Namespace) -> None:
                   f"{statistics.median(r['run_s'] for r in runs):.2f} s |")
     pairs = [b["first_request_s"] / s["first_request_s"] for b, s in zip(results["rebuilt"], results["saved"])]
     print(f"rebuilt / saved, per pair: {', '.join(f'{p:.1f}x' for p in pairs)}")
+    over = [s["first_request_s"] - e["first_request_s"] for s, e in zip(results["saved"], results["empty store"])]
+    print(f"saved minus empty store, per pair: {', '.join(f'{x:.2f} s' for x in over)}")
     if args.out:
         Path(args.out).write_text(json.dumps({"uri": uri, "records": records, **results}, indent=1))
 
@@ -262,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--redis-dump", help="serve this RDB directory with a redis-server of its own")
         p.add_argument("--out")
     sub.choices["open"].add_argument("--pairs", type=int, default=3)
+    sub.choices["open"].add_argument("--saved-only", action="store_true",
+                                     help="no rebuilt runs (minutes each at 10^7): saved and empty-store runs")
     sub.choices["claim"].add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     {"build": build, "open": open_runs, "claim": claim_runs}[args.command](args)
