@@ -347,6 +347,12 @@ class SQLiteFrontier(Frontier):
             return []
         lane_sql, lane_params = _lane_clause(lane, now)
         where = ["site = ?", "(claim_owner IS NULL OR claim_until < ?)", lane_sql]
+        if not lane.stale:
+            # Implied by the lane clause, which SQLite cannot see through the
+            # OR: said alone, the priority walk rejects the records not due
+            # on the index entry, without reading their rows.
+            where.append("next_fetch <= ?")
+            lane_params.append(now)
         if fetched_before is not None:
             # Within one run a URL is fetched at most once, by anyone.
             where.append("fetch_time < ?")
