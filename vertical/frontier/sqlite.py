@@ -189,7 +189,8 @@ def _drop_changed_indexes(db: sqlite3.Connection) -> None:
     changed, so that opening it creates them anew (once: minutes at 10^7
     records)."""
     for statement in _SCHEMA.split(";"):
-        sql = " ".join(" ".join(line for line in statement.splitlines() if not line.lstrip().startswith("--")).split())
+        lines = [line for line in statement.splitlines() if not line.lstrip().startswith("--")]
+        sql = " ".join(" ".join(lines).split())
         if not sql.startswith("CREATE INDEX IF NOT EXISTS "):
             continue
         name = sql.split()[5]
@@ -729,8 +730,9 @@ class SQLiteFrontier(Frontier):
         with self._transaction(immediate=False) as db:
             mark = self._position(db)
             top = db.execute("SELECT site, fp FROM urls WHERE rowid = ?", (saved_mark["rowid"],)).fetchone()
-            since = [fp for (fp,) in db.execute("SELECT fp FROM urls NOT INDEXED WHERE rowid > ? AND rowid <= ? AND site = ?",
-                                                 (saved_mark["rowid"], mark["rowid"], site))]
+            since = [fp for (fp,) in db.execute(
+                "SELECT fp FROM urls NOT INDEXED WHERE rowid > ? AND rowid <= ? AND site = ?",
+                (saved_mark["rowid"], mark["rowid"], site))]
         if (list(top) if top else None) != saved_mark["top"]:
             return None
         return data, since, mark
