@@ -32,6 +32,8 @@ from pybloom_live import ScalableBloomFilter
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from vertical.frontier.base import Frontier
+
 __all__ = ["SeenKeeper", "SeenTest"]
 
 logger = logging.getLogger(__name__)
@@ -214,7 +216,7 @@ class SeenKeeper:
     insert-if-absent keeps it a single record.
     """
 
-    def __init__(self, seen: SeenTest, frontier: Any, site: str) -> None:
+    def __init__(self, seen: SeenTest, frontier: Frontier, site: str) -> None:
         self.seen = seen
         self.frontier = frontier
         self.site = site
