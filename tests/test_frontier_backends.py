@@ -15,6 +15,7 @@ import subprocess
 import sys
 import logging
 import multiprocessing
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ import redis
 from tests.redis_server import RedisServer, free_port
 from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.frontier.redis import RedisFrontier
+from vertical.frontier.sqlite import SQLiteFrontier
 from vertical.record import DUPLICATE, FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.scheduler import lane_for
 from vertical.urls import fingerprint
@@ -1028,3 +1030,48 @@ def test_redis_writes_urls_with_the_sites_dictionary(redis_url, monkeypatch, cap
         assert fresh.urls(SITE, [page(90).fingerprint]) == {page(90).fingerprint: page(90).url}
         got = claim(fresh, limit=200)
         assert {r.url for r in got} == {r.url for r in before + after}
+
+
+@pytest.mark.parametrize("lane", [Lane(), Lane("fast", max_level=2, horizon=DAY),
+                                  Lane("slow", new_urls=False, min_level=3, horizon=HOUR)])
+def test_sqlite_claims_the_same_records_by_either_index(tmp_path, monkeypatch, lane):
+    """SQLite claims through the due index when few records are due and walks
+    the priority index when many are: both give the best claimable ones."""
+    from vertical.frontier import sqlite as sqlite_backend
+
+    rng = random.Random(7)
+    records = []
+    for n in range(600):
+        visits = rng.choice([0, 0, 1, 3])
+        records.append(rec(n, host=f"h{n % 7}.example", level=rng.randint(0, 5), visits=visits,
+                           fetch_time=NOW - rng.uniform(0, 3 * DAY) if visits else 0.0,
+                           next_fetch=NOW + rng.uniform(-DAY, DAY), priority=rng.random()))
+    picks = {}
+    for path, bound in (("due index", 10**6), ("priority walk", 0)):
+        monkeypatch.setattr(sqlite_backend, "_due_scan_bound", lambda limit, records, b=bound: b)
+        with SQLiteFrontier(tmp_path / f"{path}.sqlite3") as store:
+            store.add(records)
+            store.claim_due(SITE, "other", NOW, 600.0, 40)  # live leases of someone else
+            picks[path] = [
+                [r.fingerprint for r in store.claim_due(SITE, "me", now, 600.0, 25, lane, exclude_hosts=hosts,
+                                                        fetched_before=before)]
+                for now, hosts, before in ((NOW, (), None), (NOW - DAY / 2, ("h1.example",), None),
+                                           (NOW, ("h2.example", "h3.example"), NOW - DAY))
+            ]
+    assert picks["due index"] == picks["priority walk"]
+    assert all(picks["due index"])
+
+
+def test_sqlite_an_older_stores_changed_index_is_built_anew(tmp_path, caplog):
+    path = tmp_path / "older.sqlite3"
+    with SQLiteFrontier(path) as store:
+        store.add([rec(n, next_fetch=NOW - n, priority=n) for n in range(50)])
+        store._db.execute("DROP INDEX urls_due")
+        store._db.execute("CREATE INDEX urls_due ON urls (site, next_fetch)")  # as stores before it had priority
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING), SQLiteFrontier(path) as store:
+            sql = store._read("SELECT sql FROM sqlite_master WHERE name = 'urls_due'")[0][0]
+            assert sql == "CREATE INDEX urls_due ON urls (site, next_fetch, priority)"
+            assert [r.priority for r in store.claim_due(SITE, "a", NOW, 60.0, 3)] == [49, 48, 47]
+            store.release(SITE, "a")
+    assert caplog.text.count("index urls_due changed") == 1  # once

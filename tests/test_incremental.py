@@ -60,11 +60,13 @@ def test_second_run_emits_only_changes_and_adapts_delays(demo, tmp_path):
     first = crawl(site, store, tmp_path, tag="1")
     before = records(store)
     assert all(r.refetch_delay == DAY for r in before.values() if r.visits)
+    assert first.stats["vertical/seen/opened"] == "rebuilt"  # nothing saved yet
 
     # Right after: nothing is due (the entry page was fetched within the 1 h minimum).
     demo.clear_log()
     again = crawl(site, store, tmp_path, tag="again")
     assert again.items == []
+    assert again.stats["vertical/seen/opened"] == "saved"  # by the first run, at its close
     assert [r["path"] for r in demo.requests if r["path"] != "/robots.txt"] == []
 
     # Two days later the site has changed: step 1.
@@ -144,13 +146,26 @@ def first_fields(result, url: str) -> dict:
     return next(i["fields"] for i in result.items if i["url"] == url)
 
 
+def saved_filters(store: Path) -> list[tuple[str]]:
+    db = sqlite3.connect(store, timeout=30)
+    try:
+        return db.execute("SELECT site FROM seen_filters").fetchall()
+    except sqlite3.OperationalError:  # no such table yet
+        return []
+    finally:
+        db.close()
+
+
 def test_killed_crawl_loses_no_url_record(tmp_path):
     with serve(DemoSite(seed=0, films=60)) as demo:
         # Slow enough to be killed in the middle.
         site = site_file(tmp_path, demo.url, politeness={"delay": 0.2, "concurrency": 1})
         store = tmp_path / "f.sqlite3"
         # A short lease: the killed process's claims must run out during the test.
-        proc = start_crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_LEASE": 3})
+        # The seen filter saved often: the kill comes after a save and after
+        # links stored since.
+        proc = start_crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_LEASE": 3, "VERTICAL_SEEN_SAVE": 0.2})
+        wait_for(lambda: store.exists() and saved_filters(store))
         wait_for(lambda: len([r for r in demo.requests if r["path"].startswith("/film/")]) >= 10)
         kill(proc)
         db = sqlite3.connect(store)
@@ -159,6 +174,8 @@ def test_killed_crawl_loses_no_url_record(tmp_path):
         assert known
         result = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_LEASE": 3})
         assert result.stat("vertical/scheduler/claimed") > 0
+        # the saved filter, topped up with what was stored after the save
+        assert result.stats["vertical/seen/opened"] == "saved"
         after = records(store)
         assert known <= {r.url for r in after.values()}
         truth = demo.site.truth()

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
+import signal
 from collections.abc import Iterable
 
 import pytest
 
-from vertical.seen import SeenTest
+from vertical.frontier import open_frontier
+from vertical.frontier.sqlite import SQLiteFrontier
+from vertical.record import URLRecord
+from vertical.seen import SeenKeeper, SeenTest
 from vertical.urls import canonicalize, fingerprint
 
 
@@ -110,3 +116,185 @@ def test_degenerate_cache_sizes_still_answer_exactly(cache_size: int) -> None:
     seen = SeenTest(store.lookup, capacity=100, cache_size=cache_size)
     crawl(seen, store, [[1, 2, 3], [2, 3, 4], [4, 5, 5]])
     assert seen.stats()["store_lookups"] == store.asked
+
+
+# -- the filter saved with the store (SeenKeeper, Frontier.load_seen/save_seen) --
+
+SITE = "films"
+
+
+def stored(frontier, first: int, n: int) -> list[int]:
+    """Store ``n`` records (URLs numbered from ``first``); their fingerprints."""
+    records = [URLRecord(url=f"http://films.example/{i}", fingerprint=fingerprint(f"http://films.example/{i}"),
+                         site=SITE, host="films.example") for i in range(first, first + n)]
+    assert len(frontier.add(records)) == n
+    return [r.fingerprint for r in records]
+
+
+def keeper_of(frontier) -> tuple[SeenKeeper, list[int]]:
+    """A keeper of a fresh seen test, and the fingerprints it asks the store about."""
+    asked: list[int] = []
+
+    def lookup(fps: Iterable[int]) -> set[int]:
+        fps = list(fps)
+        asked.extend(fps)
+        return frontier.known(SITE, fps)
+
+    return SeenKeeper(SeenTest(lookup=lookup, capacity=1000), frontier, SITE), asked
+
+
+def no_rebuild(monkeypatch, frontier) -> None:
+    def scan(site):
+        raise AssertionError("the filter was rebuilt from every fingerprint")
+    monkeypatch.setattr(frontier, "fingerprints", scan)
+
+
+def assert_exact(keeper: SeenKeeper, frontier, fps: list[int]) -> None:
+    """Every stored fingerprint is known, and a never-stored one is new."""
+    unstored = [fingerprint(f"http://films.example/never/{i}") for i in range(50)]
+    new, known = keeper.seen.check_many(fps + unstored)
+    assert known == set(fps) and new == set(unstored)
+
+
+def test_a_saved_filter_is_restored_not_rebuilt(frontier, monkeypatch):
+    fps = stored(frontier, 0, 300)
+    first, _ = keeper_of(frontier)
+    assert first.open() == "rebuilt"
+    first.save()
+    assert first.snapshot() is None  # nothing new to save
+
+    again, asked = keeper_of(frontier)
+    no_rebuild(monkeypatch, frontier)
+    assert again.open() == "saved"
+    assert_exact(again, frontier, fps)
+    assert len(asked) < 300 + 10  # the filter ruled out the new ones: they were not asked
+
+
+def test_what_this_process_adds_keeps_the_saved_filter_fresh(frontier, monkeypatch):
+    fps = stored(frontier, 0, 100)
+    keeper, _ = keeper_of(frontier)
+    keeper.open()
+    keeper.save()
+    for first in (100, 200):  # saved twice: the mark moves on past its own additions
+        more = stored(frontier, first, 100)
+        keeper.seen.add(more)
+        fps += more
+        keeper.save()
+    again, _ = keeper_of(frontier)
+    no_rebuild(monkeypatch, frontier)
+    assert again.open() == "saved"
+    assert_exact(again, frontier, fps)
+
+
+def test_records_another_process_stored_since_the_save_are_not_missed(frontier, frontier_uri):
+    fps = stored(frontier, 0, 100)
+    keeper, _ = keeper_of(frontier)
+    keeper.open()
+    keeper.save()
+    with open_frontier(frontier_uri) as other:
+        fps += stored(other, 100, 40)
+    again, _ = keeper_of(frontier)
+    # SQLite names the records stored since (rows above the saved rowid) and
+    # tops the filter up; a Redis store only knows it holds more: rebuilt.
+    assert again.open() == ("saved" if frontier_uri.startswith("sqlite") else "rebuilt")
+    assert_exact(again, frontier, fps)
+    assert not again.seen.check_many(fps[100:])[0]
+
+
+def damage(frontier, how: str) -> None:
+    if isinstance(frontier, SQLiteFrontier):
+        path = frontier._seen_path(SITE)
+        if how == "missing":
+            path.unlink()
+        else:
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+    else:
+        key = frontier._seen_key(SITE)
+        if how == "missing":
+            frontier.client.delete(key)
+        else:
+            data = bytearray(frontier.client.hget(key, "filter"))
+            data[len(data) // 2] ^= 0xFF
+            frontier.client.hset(key, "filter", bytes(data))
+
+
+@pytest.mark.parametrize("how", ["missing", "damaged"])
+def test_a_missing_or_damaged_filter_is_rebuilt(frontier, how, caplog):
+    fps = stored(frontier, 0, 200)
+    keeper, _ = keeper_of(frontier)
+    keeper.open()
+    keeper.save()
+    damage(frontier, how)
+    again, _ = keeper_of(frontier)
+    assert again.open() == "rebuilt"
+    assert_exact(again, frontier, fps)
+    assert ("damaged" in caplog.text) == (how == "damaged")
+
+
+def test_a_filter_saved_for_another_store_is_not_used(tmp_path):
+    with SQLiteFrontier(tmp_path / "a.sqlite3") as a, SQLiteFrontier(tmp_path / "b.sqlite3") as b:
+        stored(a, 0, 50)
+        fps = stored(b, 100, 50)
+        for store in (a, b):
+            keeper, _ = keeper_of(store)
+            keeper.open()
+            keeper.save()
+        # b's file replaced by a's (a copied store, a save cut short): b's
+        # table names another nonce
+        a._seen_path(SITE).replace(b._seen_path(SITE))
+        again, _ = keeper_of(b)
+        assert again.open() == "rebuilt"
+        assert_exact(again, b, fps)
+
+
+def test_rows_deleted_behind_the_stores_back_make_it_rebuild(tmp_path):
+    with SQLiteFrontier(tmp_path / "f.sqlite3") as store:
+        fps = stored(store, 0, 50)
+        keeper, _ = keeper_of(store)
+        keeper.open()
+        keeper.save()
+        # the last row deleted by hand: the next row reuses its rowid, below the mark
+        store._db.execute("DELETE FROM urls WHERE rowid = (SELECT MAX(rowid) FROM urls)")
+        fps = fps[:-1] + stored(store, 50, 1)
+        again, _ = keeper_of(store)
+        assert again.open() == "rebuilt"
+        assert_exact(again, store, fps)
+
+
+def _add_and_die(uri: str, saves: bool) -> None:
+    """A crawl process's life: open the seen test, store links and add them,
+    save now and then, and be killed with links stored after the last save."""
+    with open_frontier(uri) as frontier:
+        keeper, _ = keeper_of(frontier)
+        keeper.open()
+        for first in range(1000, 1600, 100):
+            keeper.seen.add(stored(frontier, first, 100))
+            if saves and first < 1400:
+                keeper.save()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("saves", [True, False])
+def test_no_url_is_lost_or_doubled_across_a_kill_between_add_and_save(frontier, frontier_uri, saves):
+    fps = stored(frontier, 0, 1000)
+    keeper, _ = keeper_of(frontier)
+    keeper.open()
+    keeper.save()
+    child = multiprocessing.get_context("spawn").Process(target=_add_and_die, args=(frontier_uri, saves))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    fps += [fingerprint(f"http://films.example/{i}") for i in range(1000, 1600)]
+    assert frontier.count(SITE) == 1600
+
+    again, _ = keeper_of(frontier)
+    again.open()
+    assert_exact(again, frontier, fps)
+    # what a later run finds again is known to the store, whatever the filter says
+    urls = [f"http://films.example/{i}" for i in range(1700)]
+    new, _ = again.seen.check_many(fingerprint(u) for u in urls)
+    records = [URLRecord(url=u, fingerprint=fingerprint(u), site=SITE, host="films.example") for u in urls]
+    assert {r.fingerprint for r in frontier.add(records)} == new == {fingerprint(u) for u in urls[1600:]}
+    assert frontier.count(SITE) == 1700

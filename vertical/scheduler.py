@@ -62,7 +62,7 @@ from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
-from vertical.seen import SeenTest
+from vertical.seen import SeenKeeper, SeenTest
 from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
 from vertical.urls import canonicalize, fingerprint, host_of
 
@@ -169,6 +169,8 @@ class FrontierScheduler(BaseScheduler):
         # The last answer to "anything due?": when, after how many store writes, what.
         self._pending_cache: tuple[float, int, bool] = (0.0, -1, False)
         self._heartbeat: task.LoopingCall | None = None
+        self._seen_saver: task.LoopingCall | None = None
+        self._seen_saving = False
         self._opened_state: dict[str, Any] = {}
         self._handed_out = 0
         self._per_host: dict[str, int] = {}
@@ -273,6 +275,9 @@ class FrontierScheduler(BaseScheduler):
         self._heartbeat = task.LoopingCall(self._beat)
         # Often enough to renew leases well before they run out.
         self._heartbeat.start(min(self.heartbeat, self.lease / 3), now=False)
+        if interval := self._settings.getfloat("VERTICAL_SEEN_SAVE"):
+            self._seen_saver = task.LoopingCall(self._save_seen)
+            self._seen_saver.start(interval, now=False)
         logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
                     self.frontier.uri, records, site.name, self.lane.name, self.owner)
 
@@ -286,7 +291,11 @@ class FrontierScheduler(BaseScheduler):
             error_rate=self._settings.getfloat("VERTICAL_SEEN_ERROR_RATE"),
             cache_size=self._settings.getint("VERTICAL_SEEN_CACHE"),
         )
-        self.seen.load(self.frontier.fingerprints(site.name))
+        # Saved with the store, so that a large crawl opens in seconds.
+        self.seen_keeper = SeenKeeper(self.seen, self.frontier, site.name)
+        started = time.monotonic()
+        self.stats.set_value("vertical/seen/opened", self.seen_keeper.open())
+        self.stats.set_value("vertical/seen/open_seconds", round(time.monotonic() - started, 3))
         return records
 
     def _budget_per_day(self) -> float:
@@ -342,11 +351,18 @@ class FrontierScheduler(BaseScheduler):
         if hasattr(self.schedule, "state"):
             merges.append((f"schedule.{self.schedule.name}",
                            lambda stored: self.schedule.merge_state(stored, opened.get("schedule"))))
+        if self._seen_saver is not None and self._seen_saver.running:
+            self._seen_saver.stop()
 
         def leave() -> None:  # on the store thread, after every write before it
             self.frontier.release(site, self.owner)
             for key, merge in merges:
                 self.frontier.update_meta(site, key, merge)
+            try:
+                self.seen_keeper.save()
+            except Exception:
+                # Harmless: the next open rebuilds the filter or tops it up.
+                logger.exception("Saving the seen filter failed")
         await self._call(leave)
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
@@ -814,6 +830,20 @@ class FrontierScheduler(BaseScheduler):
 
     def _beat_done(self, _: Any) -> None:
         self._beating = False
+
+    def _save_seen(self) -> Deferred[None] | None:
+        """Save the seen filter now and then (a killed crawl reopens from
+        the last one), on the store thread: the filter is its to change."""
+        if self._seen_saving:
+            return None
+        self._seen_saving = True
+
+        def done(result: Any) -> None:
+            self._seen_saving = False
+            if isinstance(result, Failure):
+                self._store_failed("seen", result)
+
+        return self._call(self.seen_keeper.save).addBoth(done)
 
     def _dead_here(self) -> list[str]:
         """Owners that ran on this machine and whose process is gone."""

@@ -40,6 +40,8 @@ VERTICAL_TIME_OFFSET = 0.0
 VERTICAL_SEEN_CAPACITY = 1_000_000
 VERTICAL_SEEN_ERROR_RATE = 0.001
 VERTICAL_SEEN_CACHE = 2**18
+# Seconds between saves of the seen filter with the store (0: at close only).
+VERTICAL_SEEN_SAVE = 600.0
 
 # Final stats as JSON, when set (for scripts and Scrapyd monitors).
 VERTICAL_STATS_FILE = None

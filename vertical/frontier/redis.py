@@ -1852,6 +1852,35 @@ class RedisFrontier(Frontier):
             for field in fields:
                 yield _FP.unpack(field + suffix)[0]
 
+    # -- the seen test's filter ------------------------------------------------
+    #
+    # One hash beside the site's records: the filter and how many records it
+    # covers. Records are never deleted, so when the site holds exactly that
+    # many the filter holds them all; any other count (another process
+    # stored records it did not save, or a process was killed after storing
+    # some) and the filter is rebuilt.
+
+    def _seen_key(self, site: str) -> str:
+        return f"{self.prefix}:{{{site}}}:seen"
+
+    def seen_mark(self, site: str) -> int:
+        return self.count(site)
+
+    def load_seen(self, site: str) -> tuple[bytes, list[int], int] | None:
+        data, covers = self._retry(lambda _: self.client.hmget(self._seen_key(site), "filter", "covers"))
+        # Counted after the read: records stored in between make it stale,
+        # never fresh.
+        if data is None or covers is None or int(covers) != self.count(site):
+            return None
+        return data, [], int(covers)
+
+    def save_seen(self, site: str, data: bytes, mark: int | None, added: int = 0) -> int | None:
+        if mark is None:
+            return None
+        covers = int(mark) + added
+        self._retry(lambda _: self.client.hset(self._seen_key(site), mapping={"filter": data, "covers": covers}))
+        return covers
+
     def count(self, site: str | None = None) -> int:
         names = [site] if site is not None else self.sites()
         return sum(int(self._retry(lambda _, s=s: self.client.get(self._keys(s).count)) or 0) for s in names)

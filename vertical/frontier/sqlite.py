@@ -8,22 +8,31 @@ machine's ``time.time()``) once, under that lock.
 
 Besides the records (``urls``) and site state (``meta``), the file holds the
 crawl processes' heartbeats (``owners``) and their undelivered items
-(``outbox``).
+(``outbox``). The seen test's filter of each site is a file beside it
+(``<store>-seen-<site>``), named in ``seen_filters``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import math
+import os
 import random
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, check_outbox, merge_extra
 from vertical.record import PARKED_STATES, URLRecord
+
+logger = logging.getLogger(__name__)
 
 _COLUMNS = (
     "site", "fp", "url", "host", "level", "state", "claim_owner", "claim_until",
@@ -59,8 +68,9 @@ CREATE TABLE IF NOT EXISTS urls (
     extra TEXT,
     PRIMARY KEY (site, fp)
 );
--- Due records in time order: the cheap path when few records are due.
-CREATE INDEX IF NOT EXISTS urls_due ON urls (site, next_fetch);
+-- Due records in time order: the cheap path when few records are due. With
+-- their priority, a claim picks the best of them without reading their rows.
+CREATE INDEX IF NOT EXISTS urls_due ON urls (site, next_fetch, priority);
 -- Records in priority order: the cheap path when many are due. The due and
 -- run filters' columns ride along, so the walk skips rows without reading them.
 CREATE INDEX IF NOT EXISTS urls_priority ON urls (site, priority DESC, next_fetch, fetch_time, claim_until);
@@ -81,6 +91,14 @@ CREATE TABLE IF NOT EXISTS owners (
     info TEXT,
     PRIMARY KEY (site, owner)
 );
+-- The seen test's saved filter of a site: the file beside the store that
+-- starts with `nonce`, holding every record of the site up to the position
+-- `mark` (JSON: the table's last rowid and its row's site and fingerprint).
+CREATE TABLE IF NOT EXISTS seen_filters (
+    site TEXT PRIMARY KEY,
+    nonce TEXT NOT NULL,
+    mark TEXT NOT NULL
+);
 -- Items emitted and not yet delivered, by the process that emitted them.
 CREATE TABLE IF NOT EXISTS outbox (
     site TEXT NOT NULL,
@@ -92,14 +110,21 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 """
 
+_PRIORITY = _COLUMNS.index("priority")
 #: ``count_due`` counts at most this many (it is a backlog figure).
 COUNT_DUE_CAP = 100_000
-#: Below this many due records per claimed one, scan the due index and sort;
-#: above it, walk the priority index and filter (see ``claim_due``).
+#: Below this many due records per claimed one, always take them from the due
+#: index; above it, when more are due than ``_due_scan_bound``, walk the
+#: priority index (see ``claim_due``).
 _DUE_SCAN_FACTOR = 20
 
 _INSERT = f"INSERT OR IGNORE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
-_UPSERT = f"INSERT OR REPLACE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+# An update in place, not INSERT OR REPLACE (a delete and an insert): a
+# record keeps its rowid, so the rows above a rowid stay the records stored
+# since (the seen filter's top-up, ``load_seen``).
+_UPSERT = (f"INSERT INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
+           f"ON CONFLICT (site, fp) DO UPDATE SET "
+           f"{', '.join(f'{c} = excluded.{c}' for c in _COLUMNS if c not in ('site', 'fp'))}")
 # Fenced saves: the record's columns but its key, its claim dropped (release)
 # or left as stored; written only while `owner` holds the stored claim.
 _DATA_COLUMNS = tuple(c for c in _COLUMNS if c not in ("site", "fp", "claim_owner", "claim_until"))
@@ -150,6 +175,31 @@ def _chunks(items: Sequence[Any], size: int = 500) -> Iterator[Sequence[Any]]:
         yield items[i : i + size]
 
 
+def _due_scan_bound(limit: int, records: int) -> int:
+    """How many due records a claim reads from the due index rather than
+    walk the priority index: reading N_due entries beats walking about
+    ``limit * N / N_due`` up to ``N_due = sqrt(limit * N)``, and at least
+    ``_DUE_SCAN_FACTOR`` times ``limit`` (the walk also reads rows).
+    ``records`` bounds N (the rowid bound: every site's records)."""
+    return max(limit * _DUE_SCAN_FACTOR, math.isqrt(limit * records))
+
+
+def _drop_changed_indexes(db: sqlite3.Connection) -> None:
+    """Drop the indexes of an older store whose definition ``_SCHEMA`` has
+    changed, so that opening it creates them anew (once: minutes at 10^7
+    records)."""
+    for statement in _SCHEMA.split(";"):
+        lines = [line for line in statement.splitlines() if not line.lstrip().startswith("--")]
+        sql = " ".join(" ".join(lines).split())
+        if not sql.startswith("CREATE INDEX IF NOT EXISTS "):
+            continue
+        name = sql.split()[5]
+        row = db.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).fetchone()
+        if row and " ".join(row[0].split()) != sql.replace(" IF NOT EXISTS", "", 1):
+            logger.warning("Frontier index %s changed: building it anew (once)", name)
+            db.execute(f"DROP INDEX {name}")
+
+
 def _lane_clause(lane: Lane, now: float) -> tuple[str, list[Any]]:
     """SQL condition (and parameters) for "due and in this lane"."""
     parts: list[str] = []
@@ -196,6 +246,7 @@ class SQLiteFrontier(Frontier):
         self._db.execute("PRAGMA cache_size=-131072")  # KiB: 128 MiB
         self._db.execute("PRAGMA mmap_size=1073741824")
         with self._transaction():
+            _drop_changed_indexes(self._db)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
@@ -297,6 +348,12 @@ class SQLiteFrontier(Frontier):
             return []
         lane_sql, lane_params = _lane_clause(lane, now)
         where = ["site = ?", "(claim_owner IS NULL OR claim_until < ?)", lane_sql]
+        if not lane.stale:
+            # Implied by the lane clause, which SQLite cannot see through the
+            # OR: said alone, the priority walk rejects the records not due
+            # on the index entry, without reading their rows.
+            where.append("next_fetch <= ?")
+            lane_params.append(now)
         if fetched_before is not None:
             # Within one run a URL is fetched at most once, by anyone.
             where.append("fetch_time < ?")
@@ -306,19 +363,21 @@ class SQLiteFrontier(Frontier):
             lane_params += list(exclude_hosts)
         with self._transaction() as db:
             clock = self.clock()
-            # Few due records: read them all through the due index and sort.
-            # Many: walk the priority index and stop after ``limit`` matches.
-            due = db.execute(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM urls INDEXED BY urls_due "
-                "WHERE site = ? AND next_fetch <= ? LIMIT ?)",
-                (site, now, limit * _DUE_SCAN_FACTOR),
-            ).fetchone()[0]
-            index = "urls_due" if due < limit * _DUE_SCAN_FACTOR and not lane.stale else "urls_priority"
-            rows = db.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM urls INDEXED BY {index} "
-                f"WHERE {' AND '.join(where)} ORDER BY priority DESC LIMIT ?",
-                (site, clock, *lane_params, limit),
-            ).fetchall()
+            params = (site, clock, *lane_params)
+            # Few due records: pick the best of them from the due index, then
+            # read rows in that order until ``limit`` pass. Many: walk the
+            # priority index, which meets a due one every N / N_due rows.
+            if lane.stale:  # stale records are claimable whatever their next_fetch
+                rows = self._claim_walk(db, where, params, limit)
+            else:
+                bound = _due_scan_bound(limit, db.execute("SELECT MAX(rowid) FROM urls").fetchone()[0] or 0)
+                due = db.execute(
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM urls INDEXED BY urls_due "
+                    "WHERE site = ? AND next_fetch <= ? LIMIT ?)",
+                    (site, now, bound),
+                ).fetchone()[0]
+                rows = self._claim_due_first(db, site, now, where, params, limit) if due < bound \
+                    else self._claim_walk(db, where, params, limit)
             records = [_row_to_record(row) for row in rows]
             until = clock + lease
             db.executemany(
@@ -328,6 +387,42 @@ class SQLiteFrontier(Frontier):
         for record in records:
             record.claim_owner, record.claim_until = owner, until
         return records
+
+    @staticmethod
+    def _claim_walk(db: sqlite3.Connection, where: list[str], params: Sequence[Any], limit: int) -> list[Any]:
+        return db.execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM urls INDEXED BY urls_priority "
+            f"WHERE {' AND '.join(where)} ORDER BY priority DESC LIMIT ?",
+            (*params, limit),
+        ).fetchall()
+
+    @staticmethod
+    def _claim_due_first(db: sqlite3.Connection, site: str, now: float, where: list[str],
+                         params: Sequence[Any], limit: int) -> list[Any]:
+        # The best due ones from the due index alone (SQLite keeps the top
+        # of them as it reads; no row read), then their rows by rowid, a
+        # chunk at a time, through the full filter (lease, lane, run,
+        # hosts): most pass, so a claim reads about ``limit`` rows however
+        # many are due. NOT INDEXED: SQLite would rather range over the due
+        # index again than look up the rowids.
+        rows: list[Any] = []
+        chunk = min(max(2 * limit, 64), 2000)
+        for offset in itertools.count(0, chunk):
+            ids = [rowid for (rowid,) in db.execute(
+                "SELECT rowid FROM urls INDEXED BY urls_due WHERE site = ? AND next_fetch <= ? "
+                "ORDER BY priority DESC, rowid DESC LIMIT ? OFFSET ?", (site, now, chunk, offset))]
+            if not ids:
+                break
+            found = db.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM urls NOT INDEXED WHERE rowid IN ({', '.join('?' * len(ids))}) "
+                f"AND {' AND '.join(where)}",
+                (*ids, *params),
+            ).fetchall()
+            found.sort(key=lambda row: row[_PRIORITY], reverse=True)
+            rows += found[:limit - len(rows)]
+            if len(rows) >= limit or len(ids) < chunk:
+                break
+        return rows
 
     def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> None:
         fps = list(fingerprints)
@@ -355,7 +450,10 @@ class SQLiteFrontier(Frontier):
     @staticmethod
     def _release_all(db: sqlite3.Connection, site: str, owner: str) -> int:
         return db.execute(
-            "UPDATE urls SET claim_owner = NULL, claim_until = 0 WHERE claim_owner = ? AND site = ?",
+            # The owner's claims only: left to itself SQLite reads every
+            # record of the site (by the site prefix of another index).
+            "UPDATE urls INDEXED BY urls_claims SET claim_owner = NULL, claim_until = 0 "
+            "WHERE claim_owner = ? AND site = ?",
             (owner, site),
         ).rowcount
 
@@ -584,6 +682,90 @@ class SQLiteFrontier(Frontier):
         cursor = self._db.execute("SELECT fp FROM urls WHERE site = ?", (site,))
         for (fp,) in cursor:
             yield fp
+
+    # -- the seen test's filter ------------------------------------------------
+    #
+    # Records are never deleted, and SQLite gives a new row a rowid above
+    # every rowid in the table, committed writes one after another: the rows
+    # of a site above a rowid are exactly the records stored since a read of
+    # it. Only a new row taking a rowid at or below the mark could slip
+    # through, and SQLite reuses a rowid only once the highest row is gone
+    # (rows deleted by hand, then a VACUUM renumbering them or a new row
+    # taking the freed rowid): the mark names that row, and when the row at
+    # its rowid is another one (or none) the filter is rebuilt. (Counting
+    # the site's records instead would cost a second at 10^7.)
+
+    # (The rows since a rowid are read NOT INDEXED: by the rowid, not by
+    # every row of the site through an index with a site prefix.)
+
+    def _seen_path(self, site: str) -> Path:
+        return Path(f"{self.path}-seen-{quote(site, safe='')}")
+
+    @staticmethod
+    def _position(db: sqlite3.Connection) -> dict[str, Any]:
+        top = db.execute("SELECT rowid, site, fp FROM urls ORDER BY rowid DESC LIMIT 1").fetchone()
+        return {"rowid": top[0], "top": list(top[1:])} if top else {"rowid": 0, "top": None}
+
+    def seen_mark(self, site: str) -> dict[str, Any] | None:
+        if self.path == ":memory:":
+            return None
+        with self._transaction(immediate=False) as db:
+            return self._position(db)
+
+    def load_seen(self, site: str) -> tuple[bytes, list[int], dict[str, Any]] | None:
+        if self.path == ":memory:":
+            return None
+        saved = self._read("SELECT nonce, mark FROM seen_filters WHERE site = ?", (site,))
+        if not saved:
+            return None
+        nonce, saved_mark = saved[0][0], json.loads(saved[0][1])
+        try:
+            with open(self._seen_path(site), "rb") as f:
+                # Another store's file, or one whose save did not finish.
+                if f.readline() != f"{nonce}\n".encode():
+                    return None
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        with self._transaction(immediate=False) as db:
+            mark = self._position(db)
+            top = db.execute("SELECT site, fp FROM urls WHERE rowid = ?", (saved_mark["rowid"],)).fetchone()
+            since = [fp for (fp,) in db.execute(
+                "SELECT fp FROM urls NOT INDEXED WHERE rowid > ? AND rowid <= ? AND site = ?",
+                (saved_mark["rowid"], mark["rowid"], site))]
+        if (list(top) if top else None) != saved_mark["top"]:
+            return None
+        return data, since, mark
+
+    def save_seen(self, site: str, data: bytes, mark: dict[str, Any] | None, added: int = 0) -> dict[str, Any] | None:
+        if self.path == ":memory:" or mark is None:
+            return mark
+        with self._transaction(immediate=False) as db:
+            # Only this process stored records since the mark (it added as
+            # many): the filter holds them all, move the mark past them.
+            top = db.execute("SELECT rowid, site, fp FROM urls ORDER BY rowid DESC LIMIT 1").fetchone()
+            since = db.execute("SELECT COUNT(*) FROM urls NOT INDEXED WHERE rowid > ? AND site = ?",
+                               (mark["rowid"], site)).fetchone()[0]
+        if since == added and top and top[0] > mark["rowid"]:
+            mark = {"rowid": top[0], "top": list(top[1:])}
+        nonce = uuid.uuid4().hex
+        path = self._seen_path(site)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            # Whole or not at all: a crash leaves the old file, or the new
+            # one under a nonce the table does not name yet.
+            with open(tmp, "wb") as f:
+                f.write(f"{nonce}\n".encode())
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO seen_filters (site, nonce, mark) VALUES (?, ?, ?)",
+                       (site, nonce, json.dumps(mark)))
+        return mark
 
     def count(self, site: str | None = None) -> int:
         if site is None:
