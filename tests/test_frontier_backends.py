@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import struct
-import subprocess
-import sys
 import logging
 import multiprocessing
 import random
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -1075,3 +1075,33 @@ def test_sqlite_an_older_stores_changed_index_is_built_anew(tmp_path, caplog):
             assert [r.priority for r in store.claim_due(SITE, "a", NOW, 60.0, 3)] == [49, 48, 47]
             store.release(SITE, "a")
     assert caplog.text.count("index urls_due changed") == 1  # once
+
+
+def test_redis_calls_after_one_gave_up_try_once_until_redis_answers(monkeypatch):
+    """A call that waited out the patience makes the next ones try once, so
+    the calls queued behind a dead Redis (a crawl closing) do not each wait
+    the whole patience; the first answer restores the patience."""
+    monkeypatch.setattr("vertical.frontier.redis.RETRY_DELAYS", (0.01, 0.01))
+    store = RedisFrontier(redis.Redis(port=free_port()), patience=0.2)
+    tries: list[bool] = []
+    down = True
+
+    def operation(retrying: bool) -> str:
+        tries.append(retrying)
+        if down:
+            raise redis.ConnectionError("down")
+        return "ok"
+
+    with pytest.raises(redis.ConnectionError):
+        store._retry(operation)
+    assert len(tries) > 1  # the first call waited
+    tries.clear()
+    with pytest.raises(redis.ConnectionError):
+        store._retry(operation)
+    assert tries == [False]  # the next one tried once
+    down = False
+    assert store._retry(operation) == "ok"
+    down, tries[:] = True, []
+    with pytest.raises(redis.ConnectionError):
+        store._retry(operation)
+    assert len(tries) > 1  # patience again

@@ -361,6 +361,12 @@ class FrontierCommit:
         """Anything waiting for its items or its write?"""
         return bool(self._pages or self._writes or self._priority_writes or self._write_back.busy)
 
+    def flush_idle(self) -> None:
+        """Nothing is downloading: write back what waits now rather than at
+        the next write interval, so that a crawl that is done can end."""
+        if (self._writes or self._priority_writes) and not self._write_back.busy:
+            self.flush()
+
     def held(self) -> list[int]:
         """Fingerprints of the records waiting here: their claims must be
         renewed until they are written (the write is fenced on the claim)."""

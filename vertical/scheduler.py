@@ -396,6 +396,8 @@ class FrontierScheduler(BaseScheduler):
         if self.continuous:
             return True
         if self.commit.pending():
+            if not self._inflight:
+                self.commit.flush_idle()
             return True
         now = time.monotonic()
         checked_at, stores, pending = self._pending_cache

@@ -1259,6 +1259,7 @@ class RedisFrontier(Frontier):
         self.uri = uri
         self.prefix = prefix
         self.patience = patience
+        self._gave_up = False  # the last call waited out the patience
         self.bucket_bits = bucket_bits
         self.slot_seconds = slot_seconds
         self._layout: _Layout | None = None
@@ -1383,17 +1384,24 @@ class RedisFrontier(Frontier):
         """Run ``operation(retrying)``, waiting out an unreachable Redis (in
         this thread: the crawl's store thread, not the reactor)."""
         delay, first = RETRY_DELAYS[0], True
-        deadline = time.monotonic() + self.patience
+        # Once a call has waited out the patience, the next ones try once
+        # until Redis answers again: the calls queued behind a dead store
+        # (a crawl writing back as it closes) must not wait it out each.
+        deadline = time.monotonic() + (0.0 if self._gave_up else self.patience)
         while True:
             try:
-                return operation(not first)
+                result = operation(not first)
             except _RETRY_ERRORS as exc:
                 if time.monotonic() + delay > deadline:
+                    self._gave_up = True
                     raise
                 logger.warning("Redis frontier %s unreachable (%s); retrying in %.1fs",
                                self.uri or self.client, exc, delay)
                 time.sleep(delay)
                 delay, first = min(delay * 2, RETRY_DELAYS[1]), False
+            else:
+                self._gave_up = False
+                return result
 
     def _register(self, site: str) -> None:
         # Outside the record transactions: the registry is in another slot.
