@@ -212,24 +212,14 @@ def solve_mu(
         lo = hi = pages / budget  # the time a fetch may take per page: a scale for mu
     else:  # nothing changes: every mu spends f_min on each page
         return math.inf
-    while total(lo) < budget and lo > 1e-300:
-        lo /= 1e3
-    while total(hi) > budget and hi < 1e300:
-        hi *= 1e3
-    for _ in range(200):
-        mid = math.sqrt(lo * hi)
-        if total(mid) > budget:
-            lo = mid
-        else:
-            hi = mid
-        if hi <= lo * (1.0 + 1e-12):
-            break
-    return math.sqrt(lo * hi)
+    return _bisect_mu(total, budget, lo, hi, tolerance=1e-12)
 
 
-def _bisect_mu(total: Callable[[float], float], budget: float, lo: float, hi: float) -> float:
+def _bisect_mu(total: Callable[[float], float], budget: float, lo: float, hi: float,
+               tolerance: float = 1e-9) -> float:
     """The ``mu`` where ``total`` (decreasing) meets ``budget``, by bisection
-    in log space from the bracket ``[lo, hi]`` (widened as needed)."""
+    in log space from the bracket ``[lo, hi]`` (widened as needed) to a
+    relative ``tolerance``."""
     while total(lo) < budget and lo > 1e-300:
         lo /= 1e3
     while total(hi) > budget and hi < 1e300:
@@ -240,7 +230,7 @@ def _bisect_mu(total: Callable[[float], float], budget: float, lo: float, hi: fl
             lo = mid
         else:
             hi = mid
-        if hi <= lo * (1.0 + 1e-9):
+        if hi <= lo * (1.0 + tolerance):
             break
     return math.sqrt(lo * hi)
 
