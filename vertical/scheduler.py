@@ -829,6 +829,7 @@ class FrontierScheduler(BaseScheduler):
             logger.info("Claims of stopped crawl processes released: %s", ", ".join(dead))
             self._next_poll = 0.0
             self._stored()
+            self._wake_engine()  # an idle engine asks again only on its 5-s heartbeat
 
     def _beat_done(self, _: Any) -> None:
         self._beating = False
