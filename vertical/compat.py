@@ -328,5 +328,7 @@ def wake_engine(engine: Any) -> None:
     own only when a download ends, or every 5 seconds): the answer of a
     store call that runs off the reactor has just brought some."""
     slot = _get(engine, "ExecutionEngine", "_slot")
-    if slot is not None:
+    # Not while the spider is opening: the engine's loop needs the scraper's
+    # slot, made after the scheduler opened; it runs on its own once open.
+    if slot is not None and getattr(engine.scraper, "slot", None) is not None:
         _get(slot, "_Slot", "nextcall").schedule()

@@ -169,6 +169,7 @@ class FrontierScheduler(BaseScheduler):
         # The last answer to "anything due?": when, after how many store writes, what.
         self._pending_cache: tuple[float, int, bool] = (0.0, -1, False)
         self._heartbeat: task.LoopingCall | None = None
+        self._poll_call: Any = None  # the wake-up of the next store poll (IDelayedCall)
         self._seen_saver: task.LoopingCall | None = None
         self._seen_saving = False
         self._opened_state: dict[str, Any] = {}
@@ -376,6 +377,8 @@ class FrontierScheduler(BaseScheduler):
         (once every call made before has run) and end its thread."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
+        if self._poll_call is not None and self._poll_call.active():
+            self._poll_call.cancel()
         store = self.store
         if store is None:
             return succeed(None)
@@ -672,11 +675,24 @@ class FrontierScheduler(BaseScheduler):
         self._release(back)
         self.stats.inc_value("vertical/scheduler/claimed", len(records))
         if not records:
-            self._next_poll = self.now() + _POLL
+            self._poll_later()
 
     def _claim_failed(self, failure: Failure) -> None:
         self._store_failed("claim", failure)
+        self._poll_later()
+
+    def _poll_later(self) -> None:
+        """Claim again in a second: an idle engine would ask only on its 5-s
+        heartbeat, while a dead process's claims may be released any time."""
         self._next_poll = self.now() + _POLL
+        if self._poll_call is None or not self._poll_call.active():
+            from twisted.internet import reactor
+
+            self._poll_call = reactor.callLater(_POLL, self._poll_now)
+
+    def _poll_now(self) -> None:
+        self._next_poll = 0.0
+        self._wake_engine()
 
     def _refilled(self, _: Any) -> None:
         self._refilling = False
