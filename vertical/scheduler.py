@@ -797,8 +797,16 @@ class FrontierScheduler(BaseScheduler):
         asked = time.monotonic()
         inserted, claimed = await self._call(insert)
         self._stored()
+        # Hosts held back meanwhile (postponed, or at their page cap: the
+        # insert ran off the reactor while pages were handed out) give back.
+        held = set(self._held_back())
+        back = []
         for record in inserted[:claimed]:
-            self._push(record, asked)
+            if record.host in held:
+                back.append(record.fingerprint)
+            else:
+                self._push(record, asked)
+        self._release(back)
         self.stats.inc_value("vertical/discovered", len(inserted))
         self._wake_engine()
 
