@@ -105,6 +105,12 @@ class IdleProbe:
         return json.loads(self.path.read_text())["samples"]
 
 
+def crawl_outputs(workdir: Path, tag: str) -> tuple[dict, dict]:
+    """What a crawl left: its lag probe's record and its Scrapy stats."""
+    return (json.loads((workdir / f"{tag}.lag.json").read_text()),
+            json.loads((workdir / f"{tag}.stats.json").read_text()))
+
+
 def run_sqlite(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, filled: Path, site: Path) -> dict:
     store = workdir / f"{tag}.sqlite3"
     shutil.copy(filled, store)
@@ -116,8 +122,7 @@ def run_sqlite(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, fi
     wall = time.monotonic() - t0
     idle = probe.stop()
     store.unlink()
-    probe = json.loads((workdir / f"{tag}.lag.json").read_text())
-    stats = json.loads((workdir / f"{tag}.stats.json").read_text())
+    probe, stats = crawl_outputs(workdir, tag)
     samples = probe["samples"]
     first, opened = samples[0][0], probe["opened"]
     return {"tree": str(tree), "tag": tag, "rc": proc.returncode, "wall_s": round(wall, 1),
@@ -156,8 +161,7 @@ def run_redis(tree: Path, args: argparse.Namespace, workdir: Path, tag: str, sit
         wall = time.monotonic() - t0
         idle = idle_probe.stop()
         freezer.join()
-    probe = json.loads((workdir / f"{tag}.lag.json").read_text())
-    stats = json.loads((workdir / f"{tag}.stats.json").read_text())
+    probe, stats = crawl_outputs(workdir, tag)
     samples = probe["samples"]
     start, end = window["start"], window["end"] + 1.0
     return {"tree": str(tree), "tag": tag, "rc": proc.returncode, "wall_s": round(wall, 1),
