@@ -16,7 +16,15 @@ from vertical.policies import (
     make_priority,
     make_schedule,
 )
-from vertical.policies.estimate import RateDistribution, cho_irregular, cho_regular, counts, naive_rate, observe
+from vertical.policies.estimate import (
+    MODIFIED_BAD_KEY,
+    RateDistribution,
+    cho_irregular,
+    cho_regular,
+    counts,
+    naive_rate,
+    observe,
+)
 from vertical.policies.oracle import (
     bayes_interval,
     expected_age,
@@ -27,7 +35,7 @@ from vertical.policies.oracle import (
     solve_mu,
 )
 from vertical.policies.priority import LevelPriority, OpicPriority, ScentPriority, UniformPriority
-from vertical.policies.refetch import AdaptiveSchedule, NutchSchedule, OptimalSchedule
+from vertical.policies.refetch import RATE_KEY, AdaptiveSchedule, NutchSchedule, OptimalSchedule
 from vertical.record import URLRecord
 
 DAY = 86400.0
@@ -307,6 +315,33 @@ def test_optimal_learns_the_site_and_a_new_page_borrows_from_it():
     assert other.population.weights == before and other.mu == 2 * DAY
     plain = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, population=False)
     assert plain.learn(site) == 0 and "population" not in plain.state()
+
+
+def test_sitemap_lastmod_is_worth_a_fetch_only_above_its_price():
+    """A lastmod that moved after the last fetch: fetched now, the page is
+    fresh until its next change or until it was due anyway; worth it when
+    that freshness exceeds the price of a fetch (mu)."""
+    now = 100 * DAY
+    weekly = rec(1, level=2)
+    weekly.visits, weekly.fetch_time, weekly.next_fetch = 3, now - 2 * DAY, now + 10 * DAY
+    weekly.extra[RATE_KEY] = 1 / (7 * DAY)  # 7 (1 - e^(-10/7)) = 5.3 days of freshness gained
+    cheap = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=2 * DAY)
+    dear = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=10 * DAY)
+    assert cheap.sitemap_due(weekly, now - DAY, now)
+    assert not dear.sitemap_due(weekly, now - DAY, now)
+    hourly = rec(2, level=2)
+    hourly.visits, hourly.fetch_time, hourly.next_fetch = 3, now - 2 * DAY, now + 10 * DAY
+    hourly.extra[RATE_KEY] = 1 / 3600  # stale again within the hour: never worth two days of price
+    assert not cheap.sitemap_due(hourly, now - DAY, now)
+    due = rec(3, level=2)
+    due.visits, due.next_fetch = 1, now - 1
+    due.extra[RATE_KEY] = 1 / (7 * DAY)
+    assert not cheap.sitemap_due(due, now - DAY, now)  # due already: nothing to bring forward
+    weekly.extra[MODIFIED_BAD_KEY] = 1  # its dates move without its content
+    assert not cheap.sitemap_due(weekly, now - DAY, now)
+    for mode, answer in (("always", True), ("never", False)):
+        s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=10 * DAY, lastmod_due=mode)
+        assert s.sitemap_due(hourly, now - DAY, now) is answer
 
 
 def test_optimal_set_budget_spends_the_budget():

@@ -114,6 +114,36 @@ def test_sitemap_lastmod_drives_the_due_set(tmp_path):
         assert "Warning" not in second.stderr
 
 
+@pytest.mark.parametrize("lastmod_due", ["always", "never"])
+def test_the_schedule_decides_which_moved_lastmods_are_due(tmp_path, lastmod_due):
+    """With the optimal schedule the sitemap asks ``sitemap_due`` whether a
+    moved page is worth a fetch now: ``always`` brings every moved film
+    forward, ``never`` none (new films come in either way). No page is due
+    by its schedule a day later (min 3 days): the config names the sitemap,
+    read at every run."""
+    start = time.time()
+    demo = DemoSite(seed=0, sitemap=True, epoch=datetime.fromtimestamp(start - DAY / 2, UTC))
+    with serve(demo) as server:
+        refetch = {"schedule": "optimal", "initial": "3d", "min": "3d", "lastmod_due": lastmod_due}
+        site = site_file(tmp_path, server.url, refetch=refetch, sitemaps=[server.url.rstrip("/") + "/sitemap.xml"])
+        store = tmp_path / "f.sqlite3"
+        crawl(site, store, tmp_path, tag="1")
+        fetched = {p: r.fetch_time for p, r in records(store).items() if r.visits}
+        demo.set_step(1)
+        server.clear_log()
+        second = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": DAY})
+        requested = film_requests(server)
+    plan = demo.plan()
+    moved = {f"/film/{plan[k]}" for k in ("director", "actor", "year")}
+    assert moved <= set(fetched)
+    new = {f"/film/{i}" for i in demo.changes(1)["new"]}
+    assert set(requested) == (moved | new if lastmod_due == "always" else new)
+    brought = second.stat("vertical/sitemap/lastmod_due") or 0
+    left = second.stat("vertical/sitemap/lastmod_left") or 0
+    assert brought + left == second.stat("vertical/sitemap/lastmod_moved")
+    assert (left if lastmod_due == "always" else brought) == 0
+
+
 def test_sitemap_from_the_config_brings_pages_no_link_reaches(tmp_path):
     """The crawl starts on /about, which links no film: every film and year
     page comes from the sitemap the config names (robots.txt names the same

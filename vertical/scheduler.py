@@ -444,11 +444,14 @@ class FrontierScheduler(BaseScheduler):
         timestamp or None. New URLs are discovered at level 1 (announced, as
         a link from an entry page would be: the seen test and the trap guards
         apply). A known page whose lastmod is after its last fetch has changed
-        since: it is due now. One whose lastmod did not move keeps its
-        ``next_fetch``: the schedule decides, the sitemap never brings it
-        sooner. A lastmod later than now (a skewed clock) says nothing: taken
-        at its word it would make the page due at every reading. Fires with
-        how many known pages were brought forward."""
+        since: it is due now, unless the schedule judges the fetch not worth
+        its price before the page is due anyway (``sitemap_due``: a page that
+        changes too fast to keep fresh, or whose lastmod moves without its
+        content). One whose lastmod did not move keeps its ``next_fetch``:
+        the schedule decides, the sitemap never brings it sooner. A lastmod
+        later than now (a skewed clock) says nothing: taken at its word it
+        would make the page due at every reading. Fires with how many known
+        pages were brought forward."""
         entries = list(entries)
         lastmods: dict[int, float] = {}
         now = self.now()
@@ -461,20 +464,26 @@ class FrontierScheduler(BaseScheduler):
             return succeed(0)
         site = self.site.name
 
-        def bring_forward() -> int:  # on the store thread
+        def moved_since_fetched() -> list[URLRecord]:  # on the store thread
             known = self.frontier.get_many(site, lastmods)
-            moved = [fp for fp, r in known.items() if r.visits and r.fetch_time < lastmods[fp]]
-            if moved:
-                self.frontier.make_due(site, moved, now, 0.0)
-            return len(moved)
+            return [r for fp, r in known.items() if r.visits and r.fetch_time < lastmods[fp]]
 
-        def counted(moved: int) -> int:
-            self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
-            if moved:
-                self._stored()
-                self._next_poll = 0.0
-            return moved
-        d = self._call(bring_forward).addCallback(counted)
+        def worth(moved: list[URLRecord]) -> Deferred[int] | int:
+            # The schedule's state lives on the reactor: decide here.
+            self.stats.inc_value("vertical/sitemap/lastmod_moved", len(moved))
+            due_now = getattr(self.schedule, "sitemap_due", None)
+            due = [r.fingerprint for r in moved if due_now is None or due_now(r, lastmods[r.fingerprint], now)]
+            self.stats.inc_value("vertical/sitemap/lastmod_left", len(moved) - len(due))
+            if not due:
+                return 0
+            return self._call(self.frontier.make_due, site, due, now, 0.0).addCallback(lambda _: brought(len(due)))
+
+        def brought(count: int) -> int:
+            self.stats.inc_value("vertical/sitemap/lastmod_due", count)
+            self._stored()
+            self._next_poll = 0.0
+            return count
+        d = self._call(moved_since_fetched).addCallback(worth)
         return d.addErrback(partial(self._store_failed, "sitemap"))
 
     def _discover(self, url: str, level: int, parent: URLRecord | None, seed: bool) -> None:
