@@ -152,6 +152,8 @@ class RobotsMiddleware(RobotsTxtMiddleware):
 
     def _apply_crawl_delay(self, rp: RobotParser, request: Request) -> None:
         crawl_delay = rp.crawl_delay(robots_useragent(self, request))
+        if (told := getattr(self._scheduler, "crawl_delay", None)) is not None:
+            told(host_of(request.url), crawl_delay)  # the schedule fits each host's share to it
         downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         key = downloader.get_slot_key(request)
         if crawl_delay is None and key not in self._slot_delays:

@@ -54,6 +54,26 @@ def test_crawl_delay_spaces_requests_at_the_server(tmp_path):
     assert min(gaps) >= 0.5 - SLACK, gaps
 
 
+def test_crawl_delay_is_kept_with_the_site_and_prices_its_host(tmp_path):
+    """A host's Crawl-delay is kept in the store; the next run fits the
+    schedule to it from the start. With the budget ``auto`` (what the site's
+    politeness allows: 0 s delay) and pages taken to change every minute or
+    so (no learned distribution: the prior), a host allowing one fetch every
+    2 s cannot take the budget and gets a price of its own."""
+    store = tmp_path / "f.sqlite3"
+    with serve(DemoSite(seed=0, crawl_delay=2)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0, "concurrency": 1},
+                         refetch={"schedule": "optimal", "initial": "1m", "min": "10s", "population": False})
+        crawl(site, store, tmp_path, tag="1", args={"pages": 2})
+        frontier = SQLiteFrontier(store)
+        try:
+            assert frontier.get_meta("demo", "crawl_delays") == {"127.0.0.1": 2}
+        finally:
+            frontier.close()
+        second = crawl(site, store, tmp_path, tag="2", args={"pages": 1})
+    assert second.stat("vertical/schedule/hosts_priced") == 1
+
+
 def test_crawl_delay_is_capped_by_the_site(tmp_path):
     with serve(DemoSite(seed=0, crawl_delay=60)) as demo:
         site = site_file(tmp_path, demo.url, politeness={"delay": 0, "concurrency": 1, "crawl_delay_max": 0.3})

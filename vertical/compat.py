@@ -59,6 +59,7 @@ __all__ = [
     "slot_active",
     "slot_concurrency",
     "slot_settings",
+    "touch_slot",
     "wake_engine",
 ]
 
@@ -103,6 +104,8 @@ INTERNALS: tuple[Internal, ...] = (
              ("middlewares.robots", "middlewares.hostrate"), instance=True),
     Internal(_SLOT, "delay", "written: Crawl-delay raises it, the shared host rate zeroes it",
              ("middlewares.robots", "middlewares.hostrate"), instance=True),
+    Internal(_SLOT, "lastseen", "written: a host's delay runs from the end of its last download",
+             ("vertical.extensions",), instance=True),
     Internal(_SLOT, "active", "written: a request paced across processes counts as in flight",
              ("middlewares.hostrate", "vertical.scheduler"), instance=True),
     Internal(_SLOT, "concurrency", "read: how many requests a host may have in flight",
@@ -241,6 +244,13 @@ def slot_settings(downloader: Downloader) -> dict[str, dict[str, Any]]:
 def set_slot_delay(slot: Slot, delay: float) -> None:
     """Set the delay between two requests of a live download slot."""
     _set(slot, "Slot", "delay", delay)
+
+
+def touch_slot(slot: Slot, when: float) -> None:
+    """Count a slot's delay, if it has one, from ``when`` (monotonic) when
+    that is later than the last request it let through."""
+    if _get(slot, "Slot", "delay"):
+        _set(slot, "Slot", "lastseen", max(_get(slot, "Slot", "lastseen"), when))
 
 
 def slot_active(slot: Slot) -> set[Request]:

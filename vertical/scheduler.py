@@ -83,6 +83,7 @@ META_DUPLICATE = "vertical.duplicate_of"  # set on a response whose content anot
 
 _POLL = 1.0  # seconds between store polls when nothing was claimable
 LEARN_SAMPLE = 2000  # records a learning schedule sees at open (the site's rates)
+CRAWL_DELAYS_KEY = "crawl_delays"  # site meta: host -> the Crawl-delay its robots.txt last gave
 LEARN_ITERATIONS = 20  # its EM steps then, from the weights of the last run
 #: A host's queue holds about this many seconds of its fetches (at its delay
 #: and concurrency): claim no more, so that other processes find work too.
@@ -162,6 +163,8 @@ class FrontierScheduler(BaseScheduler):
         # callbacks) comes back when the record is fetched this run.
         self._templates: dict[int, Request] = {}
         self._inflight: dict[int, URLRecord] = {}
+        self._crawl_delays: dict[str, float] = {}  # host -> its robots.txt Crawl-delay
+        self._fit: tuple[int, float, list[URLRecord]] | None = None  # what the budget was last fitted to
         self._discovered: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._checking: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._seq = itertools.count()
@@ -325,14 +328,70 @@ class FrontierScheduler(BaseScheduler):
             # Once a run: enough EM steps to settle from the persisted weights.
             used = self.schedule.learn(sample, iterations=LEARN_ITERATIONS, sample=LEARN_SAMPLE)
             self.stats.set_value("vertical/schedule/learned_from", used)
-        if hasattr(self.schedule, "set_budget"):
-            if sample and hasattr(self.schedule, "rate"):
-                # The sample stands for the site: its share of the budget, its rates.
-                share = len(sample) / records
-                rates = [self.schedule.rate(r) for r in sample if r.visits >= 2]
-                self.schedule.set_budget(per_day * share, len(sample), rates)
+        self._crawl_delays = await self._call(self.frontier.get_meta, self.site.name, CRAWL_DELAYS_KEY) or {}
+        self._fit = (records, per_day, sample)
+        self._fit_budget()
+
+    def _fit_budget(self) -> None:
+        """Fit the schedule's price of a fetch to the budget, and, on a site
+        of several hosts, to each host's politeness (its delay, raised by a
+        robots.txt ``Crawl-delay``): a host that cannot take its share of the
+        budget gets a price of its own (Kolobov et al.; see
+        :meth:`~vertical.policies.refetch.OptimalSchedule.set_budget`)."""
+        if not hasattr(self.schedule, "set_budget"):
+            return
+        records, per_day, sample = self._fit
+        if not (sample and hasattr(self.schedule, "rate")):
+            self.schedule.set_budget(per_day, max(records, 1))
+            return
+        # The sample stands for the site: its share of the budget, its rates.
+        share = len(sample) / records
+        by_host: dict[str, tuple[int, list[float]]] = {}
+        for r in sample:
+            pages, rates = by_host.setdefault(r.host, (0, []))
+            if r.visits >= 2:
+                rates.append(self.schedule.rate(r))
+            by_host[r.host] = (pages + 1, rates)
+        rates = [rate for _, host_rates in by_host.values() for rate in host_rates]
+        hosts = None
+        if len(by_host) > 1 or self._crawl_delays:
+            pol = self.site.politeness
+            hosts = {host: (pages, host_rates, share * 86400.0 * pol.concurrency / max(self._host_delay(host), 0.05))
+                     for host, (pages, host_rates) in by_host.items()}
+        self.schedule.set_budget(per_day * share, len(sample), rates, hosts=hosts)
+        self.stats.set_value("vertical/schedule/hosts_priced", len(getattr(self.schedule, "host_mu", ())))
+
+    def _host_delay(self, host: str) -> float:
+        """A host's politeness delay: the site's, or its robots.txt
+        ``Crawl-delay`` (capped at ``crawl_delay_max``) when longer."""
+        pol = self.site.politeness
+        return max(pol.delay, min(self._crawl_delays.get(host, 0.0), pol.crawl_delay_max))
+
+    def crawl_delay(self, host: str, delay: float | None) -> None:
+        """A host's robots.txt says ``Crawl-delay: delay`` (None: says none).
+        Kept with the site (the next run fits to it from the start) and the
+        schedule refitted now when the host's politeness changed."""
+        before = self._host_delay(host)
+        if delay is None:
+            if self._crawl_delays.pop(host, None) is None:
+                return
+        elif self._crawl_delays.get(host) == delay:
+            return
+        else:
+            self._crawl_delays[host] = delay
+        site = self.site.name
+
+        def keep(delays: dict[str, float] | None) -> dict[str, float]:  # on the store thread
+            delays = dict(delays or {})
+            if delay is None:
+                delays.pop(host, None)
             else:
-                self.schedule.set_budget(per_day, max(records, 1))
+                delays[host] = delay
+            return delays
+        self._call(self.frontier.update_meta, site, CRAWL_DELAYS_KEY, keep).addErrback(
+            partial(self._store_failed, "meta"))
+        if self._host_delay(host) != before and self._fit is not None:
+            self._fit_budget()
 
     def close(self, reason: str) -> Deferred[None]:
         """Write back what is settled, release the rest, merge the policies'

@@ -52,6 +52,8 @@ EXTENSIONS = {
     # The commit of fetched pages to the frontier (vertical/commit.py).
     "vertical.commit.FrontierCommit": 0,
     "vertical.extensions.StatsFile": 0,
+    # A host's politeness delay counts from the end of its last download.
+    "vertical.extensions.DelayAfterDownload": 0,
     "middlewares.dns.DNSCacheStats": 0,
     "vertical.progress.CrawlProgress": 0,
     "pipelines.repository.WarcWriter": 0,
