@@ -83,8 +83,8 @@ META_DUPLICATE = "vertical.duplicate_of"  # set on a response whose content anot
 
 _POLL = 1.0  # seconds between store polls when nothing was claimable
 LEARN_SAMPLE = 2000  # records a learning schedule sees at open (the site's rates)
-CRAWL_DELAYS_KEY = "crawl_delays"  # site meta: host -> the Crawl-delay its robots.txt last gave
 LEARN_ITERATIONS = 20  # its EM steps then, from the weights of the last run
+CRAWL_DELAYS_KEY = "crawl_delays"  # site meta: host -> the Crawl-delay its robots.txt last gave
 #: A host's queue holds about this many seconds of its fetches (at its delay
 #: and concurrency): claim no more, so that other processes find work too.
 QUEUE_HORIZON = 30.0
