@@ -52,6 +52,22 @@ def test_per_host_delay_and_round_robin(tmp_path):
         assert len(set(hosts[i:i + 3])) >= 2, hosts[i:i + 3]
 
 
+def test_a_hosts_delay_runs_from_the_end_of_its_last_download(tmp_path):
+    """Heritrix's rule: the next request of a host leaves ``delay`` after the
+    previous response came back, not after the previous request left. The
+    server answers each request half a second after it arrives, so the next
+    one can arrive no sooner than 0.5 + 0.3 s after it (by causality, on any
+    load); Scrapy's own rule sends it as soon as the slot is free, 0.5 s."""
+    delay, slow = 0.3, 0.5
+    with serve(DemoSite(seed=1, films=12), hosts=1, slow_host=0, slow_seconds=slow) as server:
+        site = site_file(tmp_path, server.url, politeness={"delay": delay, "concurrency": 1})
+        crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"pages": 4})
+        arrivals = [r["t"] for r in page_requests(server)]
+    assert len(arrivals) == 4
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    assert min(gaps) >= slow + delay - SLACK, gaps
+
+
 def test_slow_host_does_not_hold_up_the_others(tmp_path):
     with serve(DemoSite(seed=1, films=12), hosts=3, slow_host=0, slow_seconds=1.0) as server:
         site = three_host_site(tmp_path, server, politeness={"delay": 0.0, "concurrency": 1})
