@@ -339,3 +339,34 @@ def test_the_reactor_runs_while_a_turn_waits_for_a_stopped_redis(tmp_path):
     gaps = min_gap_per_host(every)
     assert all(gap >= delay - CLOCK for gap in gaps.values()), gaps
     assert results[AGENTS[0]].stat("vertical/hostrate/granted") == len(every)
+
+
+def test_a_place_at_a_host_is_handed_over_to_the_next_waiter():
+    """This process's requests to a host: a leaving one hands its place to
+    the next live waiter (one cancelled meanwhile is passed over), which
+    keeps it although it resumes only on a later turn of the event loop;
+    the host's state goes with the last one."""
+    import asyncio
+
+    from middlewares.hostrate import HostRateMiddleware
+
+    async def scenario() -> None:
+        rate = HostRateMiddleware.__new__(HostRateMiddleware)  # no Redis needed for the places
+        rate._hosts = {}
+        a, b, c = (asyncio.ensure_future(rate._enter("h", 1)) for _ in range(3))
+        await asyncio.sleep(0.01)
+        assert a.done() and not b.done() and not c.done()
+        b.cancel()
+        await asyncio.sleep(0.01)
+        rate._leave("h")  # a's place: to c, past the cancelled b
+        assert rate._hosts["h"].taking == 1  # c's, before c has even resumed
+        newcomer = asyncio.ensure_future(rate._enter("h", 1))
+        await asyncio.sleep(0.01)
+        assert c.done() and not newcomer.done() and not rate._hosts["h"].handed
+        rate._leave("h")  # c's: to the newcomer
+        await asyncio.sleep(0.01)
+        assert newcomer.done()
+        rate._leave("h")
+        assert "h" not in rate._hosts
+
+    asyncio.run(scenario())
