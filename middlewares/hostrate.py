@@ -43,17 +43,33 @@ What callers can rely on:
 * **The delay** is the host's download-slot delay: the site's politeness
   delay (``DOWNLOAD_DELAY``), or its per-slot value in ``DOWNLOAD_SLOTS``,
   which the robots middleware raises to the host's ``Crawl-delay``.
-* **Redis unreachable**: taking a turn waits and retries with the frontier's
-  backoff and patience (``?patience=`` of the store URI), then fails the
-  request; giving one back retries in the background meanwhile (the host's
-  next turn could not be granted anyway).
+* **Redis unreachable or stalled**: taking a turn waits and retries with the
+  frontier's backoff and patience (``?patience=`` of the store URI), then
+  fails the request; giving one back retries in the background meanwhile
+  (this process's next request to the host waits for it: the host's next
+  turn could not be granted anyway). Either way only the requests to Redis
+  wait: the reactor does not (below).
+* **Off the reactor.** Every Redis call runs on the middleware's own thread
+  (a :class:`~vertical.frontier.worker.StoreThread` with its own connection,
+  not the scheduler's store thread, whose claims and write-backs a turn must
+  not queue behind), one at a time in the order made; the waits between
+  retries and before asking again are timers on the reactor. A Redis that
+  stops answering holds that thread and the requests waiting for their
+  turns; downloads under way, other middlewares' work and the store thread's
+  calls go on. The gap and the concurrency hold as before: a grant is
+  still made and stamped by Redis at the moment it answers, and the time
+  from a grant to the request's sending (now including the answer's way
+  back through the reactor) only makes the request later; it is covered by
+  the lease's margin. A request cancelled while its ask is out gives back a
+  turn granted meanwhile.
 * Without a Redis store the middleware is disabled (``NotConfigured``).
 
 The price: with a delay, a host is fetched at ``1 / (delay + latency)``, not
 ``1 / delay``, whatever the concurrency, where the latency is the whole
 download as the crawler sees it. Each request costs two Redis calls (and one
-more per "not yet"). Turns are not fair between processes: whoever asks
-first after the host is free gets it.
+more per "not yet"), each a round trip through the middleware's thread.
+Turns are not fair between processes: whoever asks first after the host is
+free gets it.
 
 The guarantee assumes Redis's clock does not step backwards (NTP slews, it
 does not jump) and leaves out a request the host reads only after the
@@ -86,24 +102,30 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import sleep
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.python.failure import Failure
 
 from vertical.compat import download_slot, set_slot_delay, slot_active, slot_concurrency, slot_settings
-from vertical.frontier.redis import RETRY_DELAYS, RedisFrontier
+from vertical.frontier.worker import StoreThread
 
+# redis (and the Redis frontier) are imported only once the middleware is
+# enabled: Scrapy imports every configured middleware, and a crawl on a
+# SQLite store should not pay for importing redis-py.
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import redis
     from scrapy import Request
     from scrapy.core.downloader import Downloader
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from typing_extensions import Self
+
+    from vertical.frontier.redis import RedisFrontier
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +144,6 @@ STATE_MARGIN = 60.0
 #: all of its concurrency): ends of other processes' downloads are not
 #: announced, so they are polled, at least this far apart.
 BUSY_POLL = 0.05
-
-_RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 
 #: Between the owner id and the number in a turn's token. Tokens of the
 #: frontier's owners are checked against its registry of live processes.
@@ -264,8 +284,9 @@ class HostTurns:
 class _Host:
     """This process's requests to one host that ask for, or hold, a turn."""
 
-    taking: int = 0
-    waiting: deque[Deferred[None]] = field(default_factory=deque)
+    taking: int = 0  # requests holding, or asking for, a turn
+    waiting: deque[Deferred[None]] = field(default_factory=deque)  # for a place among them
+    handed: set[Deferred[None]] = field(default_factory=set)  # given a place, not resumed yet
 
 
 @dataclass(frozen=True)
@@ -278,12 +299,23 @@ class HostRateMiddleware:
     """Takes each request's turn at its host (see the module docstring)."""
 
     def __init__(self, crawler: Crawler, frontier: RedisFrontier) -> None:
+        from vertical.frontier.redis import _RETRY_ERRORS, RETRY_DELAYS
+
         self.crawler = crawler
         self.stats = crawler.stats
         self.download_timeout: float = crawler.settings.getfloat("DOWNLOAD_TIMEOUT")
         # Only its connection, key prefix and patience: the same options as the store's.
         self.redis = frontier
         self.turns = HostTurns(frontier.client, frontier.prefix)
+        self._retry_errors: tuple[type[Exception], ...] = _RETRY_ERRORS
+        self._retry_delays = RETRY_DELAYS
+        # Every Redis call runs on a thread of its own, one at a time, with a
+        # connection of its own: off the reactor (a stalled Redis stalls only
+        # the turns), and not behind the store thread's long jobs (a claim, a
+        # write-back), which a turn taken at sending must not wait for.
+        self._thread = StoreThread(lambda: frontier, name="vertical-hostrate")
+        self._thread.open()
+        self._closed = False
         self._owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._tokens = itertools.count()
         self._hosts: dict[str, _Host] = {}
@@ -296,6 +328,8 @@ class HostRateMiddleware:
         uri = crawler.settings.get("VERTICAL_STORE") or ""
         if not uri.startswith(("redis://", "rediss://", "unix://")):
             raise NotConfigured("the per-host rate is shared through a redis:// VERTICAL_STORE only")
+        from vertical.frontier.redis import RedisFrontier
+
         params = crawler.settings.getdict("REDIS_PARAMS")
         return cls(crawler, RedisFrontier.from_uri(uri, params))
 
@@ -348,8 +382,7 @@ class HostRateMiddleware:
             waited = False
             while True:
                 wait, expired = await self._retrying(
-                    host, lambda: self.turns.take(site, host, token, delay=delay,
-                                                  concurrency=concurrency, lease=lease))
+                    host, lambda: self._ask(site, host, token, delay=delay, concurrency=concurrency, lease=lease))
                 if expired:
                     self.stats.inc_value("vertical/hostrate/expired", expired)
                 if wait <= 0:
@@ -364,50 +397,77 @@ class HostRateMiddleware:
         if waited:
             self.stats.inc_value("vertical/hostrate/waited")
 
+    def _ask(self, site: str, host: str, token: str, **kwargs: Any) -> Deferred[tuple[float, int]]:
+        """:meth:`HostTurns.take` on the thread. If the request stops waiting
+        (it is cancelled) before the answer comes, a turn granted meanwhile
+        is given back at once rather than held until its lease runs out."""
+        asked = self._call(self.turns.take, site, host, token, **kwargs)
+        answer: Deferred[tuple[float, int]] = Deferred()  # cancel() errbacks it
+
+        def arrived(result: Any) -> None:
+            if not answer.called:
+                (answer.errback if isinstance(result, Failure) else answer.callback)(result)
+            elif not isinstance(result, Failure) and result[0] <= 0:
+                self._give_back(site, _Turn(host, token), leave=False)
+        asked.addBoth(arrived)
+        return answer
+
     def _end_turn(self, request: Request) -> None:
         turn = self._held.pop(request, None)
-        if turn is None:
-            return  # not ours, or already ended
-        site = self._site()
-        try:
-            self.turns.end(site, turn.host, turn.token)
-        except _RETRY_ERRORS:
-            # Keep this process's next request to the host waiting until Redis
-            # has the end: it could not be granted a turn before anyway.
-            d = deferred_from_coro(self._end_later(site, turn))
-            d.addErrback(lambda f: logger.error("Ending a turn at %s failed", turn.host, exc_info=f.value))
-            return
-        except redis.RedisError:
-            logger.exception("Could not end a turn at %s; it ends when its lease runs out", turn.host)
-        self._leave(turn.host)
+        if turn is not None:
+            self._give_back(self._site(), turn, leave=True)
 
-    async def _end_later(self, site: str, turn: _Turn) -> None:
+    def _give_back(self, site: str, turn: _Turn, *, leave: bool) -> None:
+        """End ``turn`` on the thread, retrying while Redis is unreachable.
+        This process's next request to the host waits until Redis has the end
+        (with ``leave``, it is let in only then): it could not be granted a
+        turn before anyway."""
+        d = deferred_from_coro(self._end(site, turn, leave))
+        d.addErrback(lambda f: logger.error("Ending a turn at %s failed", turn.host, exc_info=f.value))
+
+    async def _end(self, site: str, turn: _Turn, leave: bool) -> None:
         try:
-            await self._retrying(turn.host, lambda: self.turns.end(site, turn.host, turn.token))
-        except _RETRY_ERRORS:
+            await self._retrying(turn.host, lambda: self._call(self.turns.end, site, turn.host, turn.token))
+        except self._retry_errors:
             logger.warning("Could not end a turn at %s; it ends when its lease runs out", turn.host)
+        except Exception:
+            if not self._closed:
+                logger.exception("Could not end a turn at %s; it ends when its lease runs out", turn.host)
         finally:
-            self._leave(turn.host)
+            if leave:
+                self._leave(turn.host)
 
     # -- this process's requests to a host --------------------------------------
 
     async def _enter(self, host: str, limit: int) -> None:
         state = self._hosts.setdefault(host, _Host())
-        while state.taking >= limit:
-            waiter: Deferred[None] = Deferred()
-            state.waiting.append(waiter)
+        if state.taking < limit and not state.waiting:
+            state.taking += 1
+            return
+        # Wait for a place to be handed over by _leave: the waiter resumes
+        # only on a later turn of the event loop, and a place merely freed
+        # then could be lost to the state's removal or to a newcomer.
+        waiter: Deferred[None] = Deferred()
+        state.waiting.append(waiter)
+        try:
             await maybe_deferred_to_future(waiter)
-        state.taking += 1
+        except BaseException:
+            if waiter in state.handed:  # cancelled after the hand-over: pass it on
+                state.handed.discard(waiter)
+                self._leave(host)
+            raise
+        state.handed.discard(waiter)
 
     def _leave(self, host: str) -> None:
         state = self._hosts[host]
-        state.taking -= 1
         while state.waiting:
             waiter = state.waiting.popleft()
             if not waiter.called:  # a cancelled wait has been called already
-                waiter.callback(None)
-                break
-        if not state.taking and not state.waiting:
+                state.handed.add(waiter)
+                waiter.callback(None)  # its place now: taking stays
+                return
+        state.taking -= 1
+        if not state.taking:
             del self._hosts[host]
 
     # -- settings and Redis -----------------------------------------------------
@@ -422,32 +482,42 @@ class HostRateMiddleware:
         spider = self.crawler.spider
         return getattr(getattr(spider, "site", None), "name", None) or spider.name  # type: ignore[union-attr]
 
-    async def _retrying(self, host: str, call: Callable[[], T]) -> T:
-        """``call()``, retried with backoff while Redis is unreachable, for
-        the store's patience; then its error is raised."""
-        backoff = RETRY_DELAYS[0]
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
+        """``fn(*args, **kwargs)`` (a Redis call) on the middleware's thread;
+        fires on the reactor."""
+        if self._closed:
+            raise RuntimeError("the per-host rate is closed")
+        return self._thread.call(fn, *args, **kwargs)
+
+    async def _retrying(self, host: str, call: Callable[[], Deferred[T]]) -> T:
+        """``call()`` (a Redis call on the thread), retried with backoff while
+        Redis is unreachable, for the store's patience; then its error is
+        raised. The backoff is waited on the reactor, the call on the thread:
+        the reactor never waits for Redis."""
+        backoff = self._retry_delays[0]
         deadline = time.monotonic() + self.redis.patience
         while True:
             try:
-                return call()
-            except _RETRY_ERRORS as exc:
+                return await maybe_deferred_to_future(call())
+            except self._retry_errors as exc:
                 if time.monotonic() + backoff > deadline:
                     raise
                 self.stats.inc_value("vertical/hostrate/retries")
                 logger.warning("Redis %s unreachable for the turns at %s (%s); retrying in %.1fs",
                                self.redis.uri, host, exc, backoff)
                 await sleep(backoff)
-                backoff = min(backoff * 2, RETRY_DELAYS[1])
+                backoff = min(backoff * 2, self._retry_delays[1])
 
-    def _close(self, **kwargs: Any) -> None:
+    def _close(self, **kwargs: Any) -> Deferred[Any]:
         # Give back what is still held (a download cut short by the close has
         # ended too), so that other processes need not wait for the leases;
-        # what Redis does not take now runs out with its lease.
+        # what Redis does not take now runs out with its lease. One try each,
+        # on the thread after the calls already made; then the thread closes
+        # the connection and ends.
         site = self._site()
-        try:
-            for turn in self._held.values():
-                self.turns.end(site, turn.host, turn.token)
-        except redis.RedisError:
-            pass
+        ends = [self._thread.call(self.turns.end, site, turn.host, turn.token) for turn in self._held.values()]
         self._held.clear()
-        self.redis.close()
+        self._closed = True
+        done = DeferredList(ends, consumeErrors=True)
+        done.addBoth(lambda _: self._thread.close())
+        return done

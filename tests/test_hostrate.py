@@ -10,8 +10,10 @@ while they hold a host's turn.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +23,7 @@ from scrapy import signals
 
 from middlewares.hostrate import BUSY_POLL, STATE_MARGIN, HostTurns
 from tests.crawling import kill, site_file, wait_for
+from tests.redis_server import RedisServer
 from tests.test_redis_crawl import AGENTS, CLOCK, finish, min_gap_per_host, page_requests_of, start_all
 from vertical import settings as project_settings
 from vertical.demo.server import serve
@@ -80,6 +83,40 @@ def with_late_process(**settings) -> dict:
     # By its full name: pytest imports this file as "test_hostrate".
     extensions = {**project_settings.EXTENSIONS, "tests.test_hostrate.LateProcess": 0}
     return {"EXTENSIONS": json.dumps(extensions), **settings}
+
+
+class ReactorTicks:
+    """An extension that writes a line to ``HOSTRATE_TEST_TICKS_FILE`` at
+    every tick of a reactor timer (every 50 ms): the wall time, and how many
+    Redis calls of the per-host rate were out on its thread then."""
+
+    def __init__(self, crawler) -> None:
+        from twisted.internet import task
+
+        self.crawler = crawler
+        self.out = open(crawler.settings.get("HOSTRATE_TEST_TICKS_FILE"), "a", buffering=1)  # noqa: SIM115
+        self.loop = task.LoopingCall(self.tick)
+        crawler.signals.connect(self.opened, signal=signals.spider_opened)
+        crawler.signals.connect(self.closed, signal=signals.spider_closed)
+
+    @classmethod
+    def from_crawler(cls, crawler) -> ReactorTicks:
+        return cls(crawler)
+
+    def opened(self) -> None:
+        self.loop.start(0.05)
+
+    def closed(self) -> None:
+        if self.loop.running:
+            self.loop.stop()
+        self.out.close()
+
+    def tick(self) -> None:
+        from middlewares.hostrate import HostRateMiddleware
+
+        found = [m for m in self.crawler.engine.downloader.middleware.middlewares
+                 if isinstance(m, HostRateMiddleware)]
+        self.out.write(json.dumps({"t": time.time(), "out": found[0]._thread.calls if found else None}) + "\n")
 
 
 def arrivals(requests: list[dict]) -> list[float]:
@@ -261,3 +298,75 @@ def test_a_crawl_delay_read_by_each_process_paces_them_all(tmp_path, redis_url):
         every = demo.requests
     gaps = [b["t"] - a["t"] for a, b in zip(every, every[1:]) if b["path"] != "/robots.txt"]
     assert len(gaps) > 10 and min(gaps) >= crawl_delay - CLOCK, gaps
+
+
+def test_the_reactor_runs_while_a_turn_waits_for_a_stopped_redis(tmp_path):
+    """redis-server is SIGSTOPped for a few seconds in the middle of a crawl
+    with the per-host rate on: every request then waits for its turn, but
+    not the reactor. Its timer ticks, after the stop, while a Redis call of
+    the per-host rate is out (one that cannot be answered before the
+    SIGCONT); and once Redis is back the crawl takes its turns and finishes
+    the site, still a delay apart."""
+    delay, freeze = 0.1, 4.0
+    ticks = tmp_path / "ticks.jsonl"
+    extensions = {**project_settings.EXTENSIONS, "tests.test_hostrate.ReactorTicks": 0}
+    with RedisServer(appendonly=False) as redis_server, serve(DemoSite(seed=0, films=30)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 1})
+        procs = start_all(site, f"{redis_server.url}/0", tmp_path, agents=AGENTS[:1],
+                          settings={"EXTENSIONS": json.dumps(extensions), "HOSTRATE_TEST_TICKS_FILE": ticks,
+                                    "VERTICAL_CLAIM_BATCH": 8})
+        wait_for(lambda: len(page_requests_of(demo.requests)) >= 5, timeout=120)
+        pid = redis_server.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.time()
+        try:
+            time.sleep(freeze)
+        finally:
+            thawed = time.time()  # taken before the SIGCONT: Redis answers nothing until then
+            os.kill(pid, signal.SIGCONT)
+        results = finish(procs, tmp_path)
+        every = demo.requests
+        truth = demo.site.truth()
+    seen = [json.loads(line) for line in ticks.read_text().splitlines()]
+    frozen = [tick for tick in seen if stopped < tick["t"] < thawed]
+    # Two ticks after the stop with a call out: by the second, an answer that
+    # left Redis before the stop has reached the reactor (it was queued before
+    # the first tick ran), so the call out then is one Redis holds.
+    waiting = [tick for tick in frozen if tick["out"]]
+    assert len(waiting) >= 2, (len(frozen), seen[-5:])
+    assert set(truth) <= {r["path"] for r in every}
+    assert any(r["t"] > thawed for r in page_requests_of(every))
+    gaps = min_gap_per_host(every)
+    assert all(gap >= delay - CLOCK for gap in gaps.values()), gaps
+    assert results[AGENTS[0]].stat("vertical/hostrate/granted") == len(every)
+
+
+def test_a_place_at_a_host_is_handed_over_to_the_next_waiter():
+    """This process's requests to a host: a leaving one hands its place to
+    the next live waiter (one cancelled meanwhile is passed over), which
+    keeps it although it resumes only on a later turn of the event loop;
+    the host's state goes with the last one."""
+    import asyncio
+
+    from middlewares.hostrate import HostRateMiddleware
+
+    async def scenario() -> None:
+        rate = HostRateMiddleware.__new__(HostRateMiddleware)  # no Redis needed for the places
+        rate._hosts = {}
+        a, b, c = (asyncio.ensure_future(rate._enter("h", 1)) for _ in range(3))
+        await asyncio.sleep(0.01)
+        assert a.done() and not b.done() and not c.done()
+        b.cancel()
+        await asyncio.sleep(0.01)
+        rate._leave("h")  # a's place: to c, past the cancelled b
+        assert rate._hosts["h"].taking == 1  # c's, before c has even resumed
+        newcomer = asyncio.ensure_future(rate._enter("h", 1))
+        await asyncio.sleep(0.01)
+        assert c.done() and not newcomer.done() and not rate._hosts["h"].handed
+        rate._leave("h")  # c's: to the newcomer
+        await asyncio.sleep(0.01)
+        assert newcomer.done()
+        rate._leave("h")
+        assert "h" not in rate._hosts
+
+    asyncio.run(scenario())

@@ -9,6 +9,12 @@ One INFO line of the ``vertical.progress`` logger::
 process holds in its host queues plus what the store has due for its lane
 (when the backend can count it cheaply, see :func:`store_due`); the estimate
 is backlog / rate. Document counts are the crawl's ``vertical/*`` stats.
+
+The store is counted on the scheduler's store thread (a count over a large
+SQLite store, or one in a Redis that does not answer, would hold the
+reactor): the line is logged when the count comes back, with the figures of
+the moment it was asked. While a count is still out at the next interval,
+that line goes without the store's figure.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from twisted.internet import task
+from twisted.internet.defer import Deferred, succeed
 
 from vertical import signals as vertical_signals
 from vertical.status import format_duration
@@ -45,6 +52,21 @@ def store_due(scheduler: Any) -> int | None:
                          fetched_before=scheduler.fetched_before))
 
 
+def ask_store_due(scheduler: Any) -> Deferred[int | None]:
+    """:func:`store_due` on the scheduler's store thread (the store's calls
+    run there, in order, off the reactor); fires on the reactor. The
+    arguments are read here, on the reactor, where the scheduler changes
+    them."""
+    frontier = getattr(scheduler, "frontier", None)
+    store = getattr(scheduler, "store", None)
+    count_due = getattr(frontier, "count_due", None)
+    if count_due is None or store is None:
+        return succeed(None if count_due is None else store_due(scheduler))
+    d = store.call(count_due, scheduler.site.name, scheduler.now(), scheduler.lane,
+                   fetched_before=scheduler.fetched_before)
+    return d.addCallback(int)
+
+
 class CrawlProgress:
     def __init__(self, crawler: Crawler, interval: float) -> None:
         self.crawler = crawler
@@ -52,6 +74,7 @@ class CrawlProgress:
         self.pages = 0
         self._last: tuple[float, int] = (time.monotonic(), 0)
         self._loop: task.LoopingCall | None = None
+        self._counting = False  # a count of the store is out
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.page_fetched, signal=vertical_signals.page_fetched)
@@ -82,16 +105,33 @@ class CrawlProgress:
         rate = (self.pages - pages_then) / max(now - since, 1e-9) * 60.0
         scheduler = self.crawler.engine.scheduler if self.crawler.engine else None
         queued = len(scheduler) if scheduler is not None else 0
-        stored = store_due(scheduler)
+        stats = self.crawler.stats
+        counts = ", ".join(f"{key} {stats.get_value(f'vertical/{key}', 0)}" for key in COUNTS)
+        pages = self.pages
+        if self._counting:
+            self._write(pages, rate, queued, counts, None, "store: still counting")
+            return
+        self._counting = True
+        d = ask_store_due(scheduler)
+
+        def counted(stored: int | None) -> None:
+            self._counting = False
+            self._write(pages, rate, queued, counts, stored, "store: no count")
+
+        def failed(failure: Any) -> None:
+            self._counting = False
+            logger.warning("Progress: counting the store's due records failed: %s", failure.getErrorMessage())
+            self._write(pages, rate, queued, counts, None, "store: count failed")
+        d.addCallbacks(counted, failed)
+
+    def _write(self, pages: int, rate: float, queued: int, counts: str, stored: int | None, missing: str) -> None:
         # The store's count includes the records this process has queued
         # (they stay due until fetched): the backlog is the larger of the two.
         backlog = max(queued, stored or 0)
-        stats = self.crawler.stats
-        counts = ", ".join(f"{key} {stats.get_value(f'vertical/{key}', 0)}" for key in COUNTS)
         if stored is None:
-            due = f"due backlog >= {backlog} (queued {queued}, store: no count)"
+            due = f"due backlog >= {backlog} (queued {queued}, {missing})"
         else:
             due = f"due backlog {backlog} (queued {queued}, store {stored})"
         done = f"~{format_duration(backlog / rate * 60.0)}" if rate > 0 else "unknown (no pages this interval)"
         logger.info("Progress: %d pages (%.1f pages/min); %s; %s; due set done in %s",
-                    self.pages, rate, due, counts, done)
+                    pages, rate, due, counts, done)

@@ -15,6 +15,10 @@ made. One thread, not a pool:
 * a stalled store stalls only this thread: the calls queue up behind it,
   and the reactor keeps running.
 
+The shared per-host rate (``middlewares/hostrate.py``) has a StoreThread of
+its own, on its own Redis connection: a host's turn is taken as its request
+is sent and must not queue behind a claim or a write-back.
+
 Each call returns a Deferred fired on the reactor thread.
 :class:`OneAtATime` keeps a kind of store job (a claim, a write-back) to
 one in flight.
