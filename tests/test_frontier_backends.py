@@ -1048,7 +1048,9 @@ def test_sqlite_claims_the_same_records_by_either_index(tmp_path, monkeypatch, l
         visits = rng.choice([0, 0, 1, 3])
         records.append(rec(n, host=f"h{n % 7}.example", level=rng.randint(0, 5), visits=visits,
                            fetch_time=NOW - rng.uniform(0, 3 * DAY) if visits else 0.0,
-                           next_fetch=NOW + rng.uniform(-DAY, DAY), priority=rng.random()))
+                           next_fetch=NOW + rng.uniform(-DAY, DAY),
+                           # half of them tied: both paths break ties the same way
+                           priority=rng.random() if n % 2 else rng.choice([0.25, 0.5])))
     picks = {}
     for path, bound in (("due index", 10**6), ("priority walk", 0)):
         monkeypatch.setattr(sqlite_backend, "_due_scan_bound", lambda limit, records, b=bound: b)

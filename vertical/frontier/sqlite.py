@@ -136,7 +136,6 @@ _COUNTING = (
     "ON CONFLICT (site) DO UPDATE SET records = records + 1; END",
 )
 
-_PRIORITY = _COLUMNS.index("priority")
 #: ``count_due`` counts at most this many (it is a backlog figure).
 COUNT_DUE_CAP = 100_000
 #: Below this many due records per claimed one, always take them from the due
@@ -439,11 +438,11 @@ class SQLiteFrontier(Frontier):
         # the top of them as it reads; no row read): the lease and the run
         # filters are columns of the index, so records leased by earlier
         # claims (or fetched this run) are passed over on their entries, not
-        # read again at every claim. Then their rows by rowid, a chunk at a
-        # time, through the full filter (lane, hosts): most pass, so a claim
-        # reads about ``limit`` rows however many are due. NOT INDEXED:
-        # SQLite would rather range over the due index again than look up
-        # the rowids.
+        # read again at every claim. Then their rows by rowid, in that order,
+        # through the full filter (lane, hosts), only as many as are still
+        # wanted (and a few spare): most pass, so a claim reads about
+        # ``limit`` rows however many are due. NOT INDEXED: SQLite would
+        # rather range over the due index again than look up the rowids.
         rows: list[Any] = []
         chunk = min(max(2 * limit, 64), 2000)
         run, run_params = ("", ()) if fetched_before is None else (" AND fetch_time < ?", (fetched_before,))
@@ -451,17 +450,22 @@ class SQLiteFrontier(Frontier):
             ids = [rowid for (rowid,) in db.execute(
                 "SELECT rowid FROM urls INDEXED BY urls_due WHERE site = ? AND next_fetch <= ? "
                 f"AND (claim_owner IS NULL OR claim_until < ?){run} "
-                "ORDER BY priority DESC, rowid DESC LIMIT ? OFFSET ?",
+                # The priority walk's order, ties and all (urls_priority's columns).
+                "ORDER BY priority DESC, next_fetch, fetch_time, claim_until, rowid LIMIT ? OFFSET ?",
                 (site, now, clock, *run_params, chunk, offset))]
-            if not ids:
-                break
-            found = db.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM urls NOT INDEXED WHERE rowid IN ({', '.join('?' * len(ids))}) "
-                f"AND {' AND '.join(where)}",
-                (*ids, *params),
-            ).fetchall()
-            found.sort(key=lambda row: row[_PRIORITY], reverse=True)
-            rows += found[:limit - len(rows)]
+            start = 0
+            while start < len(ids) and len(rows) < limit:
+                wanted = limit - len(rows)
+                part = ids[start:start + wanted + wanted // 8 + 8]
+                start += len(part)
+                rank = {rowid: i for i, rowid in enumerate(part)}
+                found = db.execute(
+                    f"SELECT rowid, {', '.join(_COLUMNS)} FROM urls NOT INDEXED "
+                    f"WHERE rowid IN ({', '.join('?' * len(part))}) AND {' AND '.join(where)}",
+                    (*part, *params),
+                ).fetchall()
+                found.sort(key=lambda row: rank[row[0]])  # in the order chosen above
+                rows += [row[1:] for row in found[:wanted]]
             if len(rows) >= limit or len(ids) < chunk:
                 break
         return rows
