@@ -1152,6 +1152,9 @@ def test_sqlite_an_older_store_is_counted_once_then_kept_by_every_writer(tmp_pat
     then on the triggers keep the count, also for a writer that knows
     nothing of them (an older version, plain SQL)."""
     import sqlite3
+
+    from vertical.frontier import sqlite as sqlite_backend
+
     path = tmp_path / "older.sqlite3"
     with SQLiteFrontier(path) as store:
         store.add([rec(n) for n in range(300)] + [rec(n, site="other") for n in range(40)])
@@ -1176,6 +1179,14 @@ def test_sqlite_an_older_store_is_counted_once_then_kept_by_every_writer(tmp_pat
         for site in (SITE, "other", "third"):
             assert store.count(site) == _true_count(path, site)
         assert (store.count(SITE), store.count("other"), store.count("third")) == (321, 29, 1)
+        store._db.execute("DROP TRIGGER urls_counted_insert")  # an earlier form of a trigger
+        store._db.execute("CREATE TRIGGER urls_counted_insert AFTER INSERT ON urls BEGIN "
+                          "UPDATE site_counts SET records = records + 1 WHERE site = NEW.site; END")
+    with SQLiteFrontier(path) as store:  # replaced, the counts kept
+        triggers = dict(store._read("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"))
+        assert triggers == sqlite_backend._COUNTING
+        store.add([rec(n, site="fourth") for n in range(3)])
+        assert store.count("fourth") == 3 and store.count(SITE) == 321
 
 
 def test_sqlite_an_older_stores_changed_index_is_built_anew(tmp_path, caplog):
