@@ -7,8 +7,9 @@ reads or writes a lease or a heartbeat reads the store's clock (this
 machine's ``time.time()``) once, under that lock.
 
 Besides the records (``urls``) and site state (``meta``), the file holds the
-crawl processes' heartbeats (``owners``) and their undelivered items
-(``outbox``). The seen test's filter of each site is a file beside it
+crawl processes' heartbeats (``owners``), their undelivered items
+(``outbox``) and each site's number of records (``site_counts``, kept by
+triggers). The seen test's filter of each site is a file beside it
 (``<store>-seen-<site>``), named in ``seen_filters``.
 """
 
