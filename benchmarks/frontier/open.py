@@ -6,8 +6,13 @@
     # time to the first request, seen filter rebuilt vs saved, runs alternated:
     .venv/bin/python benchmarks/frontier/open.py open sqlite:////tmp/open/frontier-1000000.sqlite3 --pairs 3
     .venv/bin/python benchmarks/frontier/open.py open --redis-dump /tmp/open/redis-1000000 --pairs 3
+    # this tree against the code before a change, each on its own copy of the store (saved filters):
+    .venv/bin/python benchmarks/frontier/open.py open sqlite:////tmp/open/new.sqlite3 --pairs 3 \
+        --baseline /work/main=sqlite:////tmp/open/old.sqlite3
     # claim_due(limit=256) with 1 000 and 10 000 due, due-index path vs priority walk:
     .venv/bin/python benchmarks/frontier/open.py claim sqlite:////tmp/open/frontier-1000000.sqlite3
+    # ... 30 claims in a row (a crawl's queue of leases), the code before a change on its own store copy:
+    BENCH_REPO=/work/main .venv/bin/python benchmarks/frontier/open.py claim sqlite:////tmp/open/old.sqlite3 --successive 30
 
 The store is benchmarks/frontier/run.py's (one site ``bench``, 1000 hosts,
 30 % new and 70 % fetched records, the ``uniform`` policy's priorities).
@@ -37,7 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+# BENCH_REPO: run this script's measurements on another checkout's code
+# (the baseline of a change; claims are measured in-process).
+REPO = Path(os.environ.get("BENCH_REPO") or Path(__file__).resolve().parents[2])
 sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
@@ -135,7 +142,7 @@ def site_config(workdir: Path) -> Path:
     return path
 
 
-def crawl(uri: str, workdir: Path, tag: str) -> dict[str, Any]:
+def crawl(uri: str, workdir: Path, tag: str, repo: Path = REPO) -> dict[str, Any]:
     first = workdir / f"first-{tag}"
     stats = workdir / f"stats-{tag}.json"
     first.unlink(missing_ok=True)
@@ -144,9 +151,9 @@ def crawl(uri: str, workdir: Path, tag: str) -> dict[str, Any]:
            "-s", f"LOG_FILE={workdir / f'crawl-{tag}.log'}", "-s", "VERTICAL_MAX_PAGES=1",
            "-s", f"{FIRST_REQUEST_FILE}={first}",
            "-s", "DOWNLOADER_MIDDLEWARES=" + json.dumps({"benchmarks.frontier.open.FirstRequest": 0})]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     start = time.time()
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, cwd=repo, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     done = time.time()
     values = json.loads(stats.read_text())
     return {"first_request_s": float(first.read_text()) - start, "run_s": done - start,
@@ -163,7 +170,50 @@ def drop_saved_filter(uri: str) -> None:
             store.client.delete(store._seen_key(SITE))
 
 
+def baseline_runs(args: argparse.Namespace) -> None:
+    """This tree against another checkout (``--baseline REPO=URI``: the code
+    before a change, on its own copy of the store), saved filters, runs
+    alternated, with an empty store (this tree) each pair as the floor."""
+    repo, _, base_uri = args.baseline.partition("=")
+    runs = {"baseline": (Path(repo), base_uri), "this tree": (REPO, args.uri)}
+    workdir = Path(tempfile.mkdtemp(prefix="vertical-open-"))
+    results: dict[str, list[dict[str, Any]]] = {"baseline": [], "this tree": [], "empty store": []}
+    try:
+        for label, (code, uri) in runs.items():
+            print(f"{label}: {code}, {uri}", flush=True)
+            crawl(uri, workdir, f"warm-{len(results[label])}", code)  # migrations, page cache, saved filter
+        for i in range(args.pairs):
+            order = ("baseline", "this tree") if i % 2 == 0 else ("this tree", "baseline")
+            for label in order:
+                code, uri = runs[label]
+                r = crawl(uri, workdir, f"{label.replace(' ', '-')}-{i}", code)
+                assert r["seen"] == "saved", r
+                results[label].append(r)
+                print(f"  {label:9} first request {r['first_request_s']:6.2f} s", flush=True)
+            r = crawl(f"sqlite:///{workdir / f'empty-{i}.sqlite3'}", workdir, f"empty-{i}")
+            results["empty store"].append(r)
+            print(f"  empty     first request {r['first_request_s']:6.2f} s", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print("\n| run | first request: median (runs) |")
+    print("|---|---|")
+    for label, rs in results.items():
+        firsts = [r["first_request_s"] for r in rs]
+        print(f"| {label} | {statistics.median(firsts):.2f} s ({', '.join(f'{x:.2f}' for x in firsts)}) |")
+    over = {label: [r["first_request_s"] - e["first_request_s"] for r, e in zip(results[label], results["empty store"])]
+            for label in runs}
+    for label, xs in over.items():
+        print(f"{label} minus empty store, per pair: {', '.join(f'{x:.2f} s' for x in xs)}")
+    ratios = [b["first_request_s"] / t["first_request_s"] for b, t in zip(results["baseline"], results["this tree"])]
+    print(f"baseline / this tree, per pair: {', '.join(f'{x:.2f}x' for x in ratios)}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"runs": {k: list(map(str, v)) for k, v in runs.items()}, **results},
+                                             indent=1))
+
+
 def open_runs(args: argparse.Namespace) -> None:
+    if args.baseline:
+        return baseline_runs(args)
     workdir = Path(tempfile.mkdtemp(prefix="vertical-open-"))
     server = RedisServer(Path(args.redis_dump)) if args.redis_dump else None
     uri = server.url if server else args.uri
@@ -234,19 +284,24 @@ def claim_runs(args: argparse.Namespace) -> None:
                     sqlite_backend._due_scan_bound = bound
                     store.release(SITE, "bench")
                     times = []
-                    for _ in range(3):  # 768 records: all due ones of the 1 000
+                    # The leases stay, as a crawl's queue holds them: each
+                    # claim passes over the earlier ones' records.
+                    for _ in range(min(args.successive, due // 256)):
                         t = time.perf_counter()
                         got = store.claim_due(SITE, "bench", now, 600.0, 256, ALL, fetched_before=T0 + 1)
                         times.append(time.perf_counter() - t)
                         assert got
                     store.release(SITE, "bench")
                     out.setdefault(f"{due} due, {label}", []).append(1000 * statistics.median(times))
+                    out.setdefault(f"{due} due, {label}, last 3 claims", []).append(
+                        1000 * statistics.median(times[-3:]))
             store.release(SITE, "bench")
             sqlite_backend._due_scan_bound = chosen
     finally:
         if server:
             server.stop()
-    print(f"\n| claim_due(limit=256), {n:,} records | median of 3 successive claims, per round (ms) |")
+    print(f"\n| claim_due(limit=256), {n:,} records, {REPO} | median of up to {args.successive} successive "
+          "claims, per round (ms) |")
     print("|---|---|")
     for label, ms in out.items():
         print(f"| {label} | {statistics.median(ms):.1f} ({', '.join(f'{x:.1f}' for x in ms)}) |")
@@ -268,7 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["open"].add_argument("--pairs", type=int, default=3)
     sub.choices["open"].add_argument("--saved-only", action="store_true",
                                      help="no rebuilt runs (minutes each at 10^7): saved and empty-store runs")
+    sub.choices["open"].add_argument("--baseline", metavar="REPO=URI",
+                                     help="alternate with another checkout's code on its own copy of the store")
     sub.choices["claim"].add_argument("--rounds", type=int, default=3)
+    sub.choices["claim"].add_argument("--successive", type=int, default=3,
+                                      help="claims of 256 in a row, leases held (at most due / 256)")
     args = parser.parse_args(argv)
     {"build": build, "open": open_runs, "claim": claim_runs}[args.command](args)
     return 0
