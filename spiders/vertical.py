@@ -34,7 +34,7 @@ from vertical import scrapy_settings
 from vertical.changes import diff_page
 from vertical.commit import FrontierCommit, PageOutcome
 from vertical.config import ConfigError, load_site
-from vertical.extract import Record, extract_links, extract_records, match_rule
+from vertical.extract import Record, extract_records, follow_urls, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
@@ -378,15 +378,9 @@ class VerticalSpider(Spider):
         yield from self._document_page(page.record, page.response, records, page.links, fetched_at)
 
     def _links(self, response: TextResponse, record: URLRecord) -> list[str]:
-        """The canonical URLs of the links to follow (``extract_links`` applies
+        """The canonical URLs of the links to follow (``follow_urls`` applies
         the follow rules and ``max_depth``)."""
-        strip = self.site.traps.strip_params
-        urls = []
-        for link in extract_links(self.site, response, level=record.level):
-            try:
-                urls.append(canonicalize(link.url, strip))
-            except ValueError:
-                continue
+        urls = follow_urls(self.site, response, level=record.level)
         # DNS prefetch (Mining the Web): resolve new host names now, so that their first fetch
         # finds them cached.
         prefetch({host_of(url) for url in urls} - {record.host})

@@ -24,6 +24,7 @@ from vertical.duplicates import (
     DuplicateIndex,
     content_hash,
     content_stream,
+    mask_url,
     page_hashes,
     simhash,
 )
@@ -245,3 +246,32 @@ def records(store: Path) -> dict[str, object]:
         return {"/" + r.url.split("/", 3)[3]: r for r in frontier.iter_records("mirror")}
     finally:
         frontier.close()
+
+
+def _mask_every_part(parts, url):
+    """mask_url as it was: every mention looked for in every part."""
+    from urllib.parse import unquote, urlsplit
+    split = urlsplit(url)
+    mentions = {url, split.path, split.path + (f"?{split.query}" if split.query else "")}
+    mentions |= {unquote(m) for m in mentions}
+    ordered = sorted((m for m in mentions if len(m) > 2), key=len, reverse=True)
+    masked = []
+    for part in parts:
+        for mention in ordered:
+            if mention in part:
+                part = part.replace(mention, "\x00url\x00")
+        masked.append(part)
+    return masked
+
+
+@pytest.mark.parametrize(("parts", "url"), [
+    (["Welcome", "to the docs", "/a/b.html"], "http://h/x/y.html"),  # names none: the stream as it is
+    (["Not found: /old/news/", "back to", "/"], "http://h/old/news/"),
+    (["see /a b/", "and /a%20b/?q=1 or", "http://h/a%20b/?q=1"], "http://h/a%20b/?q=1"),
+    (["half /old/", "news/ across parts"], "http://h/old/news/"),  # a mention split between parts stays
+    (["nul \x00url\x00 /p%00q/", "/p\x00q/"], "http://h/p%00q/"),  # the placeholder's NUL in a mention
+    (["line /p\nq/ /p%0Aq/"], "http://h/p%0Aq/"),
+])
+def test_mask_url_as_every_part_searched(parts, url):
+    assert mask_url(parts, url) == _mask_every_part(parts, url)
+    assert mask_url(iter(parts), url) == _mask_every_part(parts, url)

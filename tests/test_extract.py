@@ -25,8 +25,10 @@ from vertical.extract import (
     explain_links,
     extract_links,
     extract_records,
+    follow_urls,
     match_rule,
 )
+from vertical.urls import canonicalize
 
 DATA = Path(__file__).parent / "data"
 BASE = "http://127.0.0.1:8000"
@@ -290,6 +292,67 @@ def test_restrict_css():
     response = HtmlResponse("http://a.example/", body=b'<nav><a href="/in">in</a></nav><a href="/out">out</a>')
     assert [link.url for link in extract_links(site, response)] == ["http://a.example/in"]
     assert [d.reason for d in explain_links(site, response)] == [None, OUTSIDE_RESTRICT]
+
+
+def canonical_links(site, response, level=None):
+    """What the spider followed before follow_urls: extract_links, canonicalised."""
+    out = []
+    for link in extract_links(site, response, level=level):
+        try:
+            out.append(canonicalize(link.url, site.traps.strip_params))
+        except ValueError:
+            continue
+    return out
+
+
+def test_follow_urls_is_extract_links_canonicalised(site):
+    for depth in (0, 7, 8):
+        response = page("film.html", f"{BASE}/film/1", depth=depth)
+        assert follow_urls(site, response) == canonical_links(site, response)
+    restricted = parse_site({"start_urls": ["http://a.example/"], "follow": {"restrict_css": ["nav", "p"]}})
+    response = HtmlResponse("http://a.example/", body=b'<nav><a href="/in">in</a></nav><a href="/out">out</a>'
+                                                      b'<p><a href="/in">again</a><a href="/p">p</a></p>')
+    assert follow_urls(restricted, response) == canonical_links(restricted, response) == \
+        ["http://a.example/in", "http://a.example/p"]
+
+
+# hrefs of every kind: relative paths (remembered per directory), and what must not be
+HREFS = [
+    "b.html", "./b.html", "../b.html", "../../x/../b.html", "sub/c.html?q=1&a=2#f", "sub/", ".", "..",
+    "b.html;p=1", "d%7Ee.html", "ü.html", "a b.html", " b.html\n", "b.html?utm_source=x", "b\\c.html",
+    "", "#top", "?page=2", ";p", "/abs.html", "//b.example/other", "http://a.example:80/x", "HTTP://A.example/Y",
+    "https://a.example/s", "http:rel.html", "javascript:void(0)", "mailto:x@a.example", "file:///etc/passwd",
+    "ftp://a.example/f", "http://[::1/bad", "http://a.example:99999/", "x.pdf", "x.PDF?y", "c:d.html",
+    "http://other.example/x", "http://sub.a.example/x",
+]
+PAGE_URLS = ["http://a.example/", "http://a.example/d/", "http://a.example/d/p.html", "http://a.example/d/e/p.html?x=/y/",
+             "http://a.example", "https://a.example/d/p;q.html", "http://a.example/d/p.html#frag/z"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+@pytest.mark.parametrize("base", [None, "http://a.example/base/dir/", "https://a.example/other.html", "/rel/base/", "mailto:x"])
+def test_follow_urls_on_odd_links(base, encoding):
+    """Every href on pages of several directories, with and without <base>:
+    the same URLs as extract_links canonicalised, remembered or not."""
+    site = parse_site({"start_urls": ["http://a.example/"], "traps": {"strip_params": ["utm_*"]}})
+    anchors = "".join(f'<a href="{h}">{i}</a><AREA HREF="{h}">' for i, h in enumerate(HREFS)) + "<a>no href</a>"
+    head = f'<head><base href="{base}"></head>' if base else ""
+    body = f"<html>{head}<body>{anchors}</body></html>".encode(encoding)
+    for _ in range(2):  # the second round reads the remembered resolutions
+        for url in PAGE_URLS:
+            response = HtmlResponse(url, body=body, encoding=encoding)
+            assert follow_urls(site, response) == canonical_links(site, response), (url, base)
+
+
+def test_follow_urls_in_xhtml():
+    """An XML page: <a> in no namespace or XHTML's, as Scrapy's extractor reads it."""
+    from scrapy.http import XmlResponse
+    site = parse_site({"start_urls": ["http://a.example/"]})
+    body = (b'<r xmlns:s="urn:s" xmlns:h="http://www.w3.org/1999/xhtml"><a href="/1"/><s:a href="/2"/>'
+            b'<h:a href="/3"/><h:area href="/4"/><b href="/5"/></r>')
+    response = XmlResponse("http://a.example/", body=body)
+    assert follow_urls(site, response) == canonical_links(site, response) == \
+        ["http://a.example/1", "http://a.example/3", "http://a.example/4"]
 
 
 @pytest.mark.parametrize(

@@ -219,6 +219,15 @@ def mask_url(parts: Iterable[str], url: str) -> list[str]:
     # Longest first, so that a path is not half-replaced; "/" and other
     # one- or two-character paths would mask ordinary text.
     ordered = sorted((m for m in mentions if len(m) > 2), key=len, reverse=True)
+    parts = list(parts)
+    # Most pages name none of them: one search of the whole stream says so (a
+    # mention inside a part is inside the joined parts; a replacement cannot
+    # make one appear unless it holds the placeholder's NUL).
+    if not any("\x00" in m for m in ordered):
+        joined = "\n".join(parts)
+        ordered = [m for m in ordered if m in joined]
+        if not ordered:
+            return parts
     masked = []
     for part in parts:
         for mention in ordered:

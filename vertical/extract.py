@@ -7,7 +7,8 @@ on:
 * :func:`match_rule` picks the page's document rule (first match wins);
 * :func:`extract_records` gives the page's records in page order, at most
   one per key, and says which candidates it skipped and why;
-* :func:`extract_links` gives the links to follow (cheap: every page runs it);
+* :func:`extract_links` gives the links to follow; :func:`follow_urls` their
+  canonical URLs only, the cheap form every fetched page runs;
   :func:`explain_links` gives every link with the reason it is dropped, and
   follows exactly the same links.
 """
@@ -15,21 +16,25 @@ on:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
 from parsel import Selector
 from scrapy.http import TextResponse
 from scrapy.linkextractors import LinkExtractor
+from scrapy.utils.response import get_base_url
 from scrapy.utils.url import url_has_any_extension
-from w3lib.html import replace_entities
+from w3lib.html import replace_entities, strip_html5_whitespace
+from w3lib.url import safe_url_string
 
 from vertical.compat import link_filters
 from vertical.config import DocumentRule, FieldSpec, FollowRules, SiteConfig, host_allowed
+from vertical.urls import canonicalize
 
 __all__ = [
     "DENIED",
@@ -49,6 +54,7 @@ __all__ = [
     "extract_field",
     "extract_links",
     "extract_records",
+    "follow_urls",
     "match_rule",
 ]
 
@@ -330,3 +336,153 @@ def explain_links(site: SiteConfig, response: TextResponse, level: int | None = 
         decisions.append(LinkDecision(url, link.text, follow=reason is None, reason=reason, nofollow=link.nofollow))
     return decisions
 
+
+
+# --- the spider's fast path: canonical URLs only ---------------------------------
+
+_XHTML = "{http://www.w3.org/1999/xhtml}"
+# What LxmlLinkExtractor's default tags accept (it strips the XHTML namespace only).
+_LINK_TAGS = ("a", "area", _XHTML + "a", _XHTML + "area")
+
+
+def follow_urls(site: SiteConfig, response: TextResponse, level: int | None = None) -> list[str]:
+    """The canonical form of every URL :func:`extract_links` follows, in its
+    order (a URL :func:`~vertical.urls.canonicalize` refuses is left out; two
+    URLs with one canonical form both stay).
+
+    The same Scrapy functions decide, without what the spider does not use:
+    lxml finds the ``<a>``/``<area>`` elements in C (Scrapy's extractor wraps
+    every element of the page in a Python object to test its tag), no link
+    text nor ``rel`` is read, and the verdict on a URL (the follow rules, the
+    allowed hosts, its canonical form) is remembered across pages: link-heavy
+    pages repeat the same navigation links, which made this per-link work
+    the larger part of a page's cost.
+    """
+    if _too_deep(site, _page_level(response, level)):
+        return []
+    extractor = _follow_extractor(site.follow)
+    if extractor.restrict_xpaths:
+        roots = [sel.root for x in extractor.restrict_xpaths for sel in response.xpath(x)]
+    else:
+        roots = [response.selector.root]
+    if not all(isinstance(root, etree._Element) for root in roots):
+        # A restrict XPath that selects text or attributes: Scrapy's extractor decides (and fails) as it does.
+        return _canonical([d.url for d in _followed(site, response)], site.traps.strip_params)
+    base_url, response_url, encoding = get_base_url(response), response.url, response.encoding
+    verdict = _link_verdicts(site.follow, site.allowed_domains, site.traps.strip_params)
+    # A relative path resolves the same way from every page of one directory:
+    # its resolution is remembered under the directory (see _resolution_key).
+    directory = _resolution_key(base_url, response_url, encoding)
+    resolved = _RESOLVED
+    urls: list[str] = []
+    seen: set[str] = set()
+    for root in roots:
+        for element in root.iter(_LINK_TAGS):
+            href = element.get("href")
+            if href is None:
+                continue
+            href = strip_html5_whitespace(href)
+            key = (directory, href) if directory is not None and _RELATIVE_PATH.match(href) else None
+            url = resolved.get(key) if key is not None else None
+            if url is None:
+                url = _resolve(base_url, response_url, encoding, href)
+                if url is None:
+                    continue
+                if key is not None:
+                    if len(resolved) >= _LinkVerdicts.LIMIT:
+                        resolved.clear()
+                    resolved[key] = url
+            if url in seen:  # unique=True: the first of each URL, in page order
+                continue
+            seen.add(url)
+            canonical = verdict.get(url, _UNKNOWN)
+            if canonical is _UNKNOWN:
+                canonical = verdict.judge(url)
+            if canonical is not None:
+                urls.append(canonical)
+    return urls
+
+
+def _resolve(base_url: str, response_url: str, encoding: str, href: str) -> str | None:
+    """LxmlParserLinkExtractor._extract_links for one stripped ``href``: its
+    absolute URL, None for a bogus one."""
+    try:
+        url = urljoin(base_url, href)
+    except ValueError:
+        return None
+    try:
+        url = safe_url_string(url, encoding=encoding)
+    except ValueError:
+        return None
+    return urljoin(response_url, url)
+
+
+# A path relative to the base's directory: no scheme (no ":" at all), no
+# authority, not absolute, not only a query, fragment or parameters, not empty.
+_RELATIVE_PATH = re.compile(r"[^/?#;:][^:]*\Z", re.DOTALL)
+_RESOLVED: dict[tuple[tuple[str, ...], str], str] = {}
+
+
+def _resolution_key(base_url: str, response_url: str, encoding: str) -> tuple[str, ...] | None:
+    """What :func:`_resolve` reads of the page for a relative path (urljoin's
+    RFC 3986 merge: the base's scheme, host and path up to its last ``/``;
+    the second join only the response URL's scheme, the URL being absolute by
+    then), or None for a base without a host (then nothing is remembered)."""
+    try:
+        base = urlsplit(base_url)
+    except ValueError:  # each link's own urljoin fails on it as before
+        return None
+    if not base.scheme or not base.netloc:
+        return None
+    return (base.scheme, base.netloc, base.path[: base.path.rfind("/") + 1], urlsplit(response_url).scheme, encoding)
+
+
+def _canonical(urls: list[str], strip: tuple[str, ...]) -> list[str]:
+    out = []
+    for url in urls:
+        try:
+            out.append(canonicalize(url, strip))
+        except ValueError:
+            continue
+    return out
+
+
+_UNKNOWN = object()
+_LINK_SCHEMES = frozenset({"http", "https", "file", "ftp"})  # scrapy.linkextractors._is_valid_url
+
+
+class _LinkVerdicts(dict):  # type: ignore[type-arg]
+    """URL -> its canonical form when followed, None when not: what the
+    follow extractor's filters, :func:`host_allowed` and
+    :func:`~vertical.urls.canonicalize` say of it (pure functions of the URL)."""
+
+    LIMIT = 1 << 16  # forgotten all at once past this: the next pages fill it again
+
+    def __init__(self, follow: FollowRules, domains: tuple[str, ...], strip: tuple[str, ...]) -> None:
+        super().__init__()
+        self.domains, self.strip = domains, strip
+        self.allow, self.deny, self.deny_extensions = link_filters(_follow_extractor(follow))
+
+    def _allowed(self, url: str) -> bool:
+        # LxmlLinkExtractor._link_allowed for the follow extractor (no domain nor text filters)
+        return (url.split("://", 1)[0] in _LINK_SCHEMES
+                and (not self.allow or any(r.search(url) for r in self.allow))
+                and not any(r.search(url) for r in self.deny)
+                and not (self.deny_extensions and url_has_any_extension(url, self.deny_extensions)))
+
+    def judge(self, url: str) -> str | None:
+        canonical: str | None = None
+        if self._allowed(url) and host_allowed(urlsplit(url).hostname or "", self.domains):
+            try:
+                canonical = canonicalize(url, self.strip)
+            except ValueError:
+                canonical = None
+        if len(self) >= self.LIMIT:
+            self.clear()
+        self[url] = canonical
+        return canonical
+
+
+@lru_cache(maxsize=64)
+def _link_verdicts(follow: FollowRules, domains: tuple[str, ...], strip: tuple[str, ...]) -> _LinkVerdicts:
+    return _LinkVerdicts(follow, domains, strip)

@@ -109,6 +109,7 @@ def _canonicalize(url: str, strip_params: tuple[str, ...], base: str | None) -> 
     return canon
 
 
+@lru_cache(maxsize=1 << 16)  # a page's links go through the traps' and the seen test's hands too
 def fingerprint(url: str) -> int:
     """A signed 64-bit integer naming the canonical ``url`` (fits SQLite INTEGER).
 
@@ -135,6 +136,7 @@ def fingerprint(url: str) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+@lru_cache(maxsize=1 << 16)
 def host_of(url: str) -> str:
     """The host name of ``url`` without port, lower-cased, IPv6 without brackets.
 

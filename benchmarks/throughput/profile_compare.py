@@ -24,7 +24,8 @@ CATEGORIES = {
     "idle (the reactor waiting in epoll)": ["EpollSelector.select ("],
     "spider callback (parse, all of it)": ["VerticalSpider.parse (", "PlainSpider.parse (",
                                            "CrawlSpider._parse_response (", "CrawlSpider.parse_with_rules ("],
-    "  link extraction (LxmlLinkExtractor)": ["LxmlLinkExtractor.extract_links ("],
+    "  link extraction (LxmlLinkExtractor; vertical since 743fc14: follow_urls)": [
+        "LxmlLinkExtractor.extract_links (", "follow_urls ("],
     "  vertical: canonicalize + fingerprint + host_of per link": [
         "canonicalize (vertical/urls.py)", "fingerprint (vertical/urls.py)", "host_of (vertical/urls.py)"],
     "  Request objects for links": ["Request.__init__ ("],
