@@ -49,11 +49,11 @@ def _new(pages: int) -> dict:
     return {"count": max(1, pages // 2000), "list_length": 20, "new_pages_per_day": pages * 0.005}
 
 
-#: Section priors (issue 16): the optimal schedule without (``optimal``,
+#: Section priors (issue 16): the optimal schedule without (``flat``,
 #: ``families: 0``, as it was) and with pooling by URL section (``sections``).
 SECTION_POLICIES = [
     "uniform",
-    {"label": "optimal", "schedule": "optimal", "priority": "due", "schedule_params": {"families": 0}},
+    {"label": "flat", "schedule": "optimal", "priority": "due", "schedule_params": {"families": 0}},
     {"label": "sections", "schedule": "optimal", "priority": "due"},
     "oracle",
 ]
@@ -188,7 +188,7 @@ def _results(name: str) -> dict[float, dict[str, float]] | None:
 
 def section_table(names: list[str] | None = None) -> str:
     """Gap closed by the optimal schedule without and with section priors
-    (labels ``optimal`` and ``sections``, or ``before`` and ``after``)."""
+    (labels ``flat`` and ``sections``, or ``before`` and ``after``)."""
     rows = ["| scenario | budget | uniform | oracle | without sections | with sections |",
             "|---|---:|---:|---:|---:|---:|"]
     for name in names or list(section_scenarios()):
@@ -196,7 +196,7 @@ def section_table(names: list[str] | None = None) -> str:
         for b, f in (by_budget or {}).items():
             u, o = f["uniform"], f["oracle"]
             cells = []
-            for label in (("optimal", "before"), ("sections", "after")):
+            for label in (("flat", "before"), ("sections", "after")):
                 p = next((f[x] for x in label if x in f), None)
                 cells.append("–" if p is None else f"{p:.3f} ({100 * (p - u) / (o - u):.0f}%)")
             rows.append(f"| {name} | {b:g} | {u:.3f} | {o:.3f} | {cells[0]} | {cells[1]} |")
