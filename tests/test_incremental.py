@@ -136,6 +136,9 @@ def test_default_schedule_learns_the_sites_change_rates(demo, tmp_path):
         frontier.close()
     weights = state["population"]
     assert sum(weights) == pytest.approx(1.0)
+    # The films' URL section has a distribution of its own, kept alike.
+    films = [w for key, (_, w) in state["families"].items() if key.endswith("/film")]
+    assert len(films) == 1 and sum(films[0]) == pytest.approx(1.0)
     # Most films never change: the static share learned is well above the
     # even start (1/2).
     assert weights[0] > 0.6

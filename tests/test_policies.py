@@ -24,6 +24,7 @@ from vertical.policies.estimate import (
     counts,
     naive_rate,
     observe,
+    url_section,
 )
 from vertical.policies.oracle import (
     bayes_interval,
@@ -315,6 +316,98 @@ def test_optimal_learns_the_site_and_a_new_page_borrows_from_it():
     assert other.population.weights == before and other.mu == 2 * DAY
     plain = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, population=False)
     assert plain.learn(site) == 0 and "population" not in plain.state()
+
+
+def test_url_section_pools_what_changes_alike():
+    assert url_section("https://d.org/docs/3.12/library/os.html") == "d.org/docs/#"
+    assert url_section("https://d.org/docs/dev/library/os.html") == "d.org/docs/dev"
+    assert url_section("https://d.org/archive/2019/05/x") == url_section("https://d.org/archive/2020/1/y")
+    assert url_section("https://D.org/News/a?page=2") == "d.org/news?"
+    assert url_section("https://d.org/about") is None and url_section("sim:3") is None
+    assert url_section("https://d.org/a/b/c/d", depth=1) == "d.org/a"
+
+
+def _sectioned_site(rng: random.Random) -> list[URLRecord]:
+    """An archive whose pages never change, a news section changing daily,
+    and monthly pages in no section; each page visited 4 times a week apart."""
+    site = []
+    for i in range(600):
+        section, rate = [("archive/2019", 0.0), ("news", 1.0), ("", 1 / 30)][i % 3]
+        r = URLRecord(url=f"http://x/{section}/p{i}" if section else f"http://x/p{i}", fingerprint=i,
+                      site="s", host="x", level=2)
+        c, u, tc, tu = _history(rng, rate, 7.0, 4)
+        r.extra["chg"] = [c, u, tc * DAY, tu * DAY]
+        r.visits = 4
+        site.append(r)
+    return site
+
+
+def _first_delay(schedule: OptimalSchedule, url: str) -> float:
+    r = URLRecord(url=url, fingerprint=10**6, site="s", host="x", level=2)
+    schedule.set_discovered(r, 0.0)
+    schedule.set_fetched(r, 0.0, changed=True)
+    return r.refetch_delay
+
+
+def test_a_new_page_borrows_from_its_url_section_first():
+    kw = dict(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=0.2 * DAY)
+    pooled, flat = OptimalSchedule(**kw), OptimalSchedule(**kw, families=0)
+    site = _sectioned_site(random.Random(3))
+    for s in (pooled, flat):
+        s.learn(site, iterations=50)
+    assert set(pooled.family_priors) == {"x/archive/#", "x/news"} and not flat.family_priors
+    # The sites' own distributions are learned alike, with sections or not.
+    assert pooled.population.weights == pytest.approx(flat.population.weights)
+    archive, news = (_first_delay(pooled, f"http://x/{d}/new.html") for d in ("archive/2020", "news"))
+    # A new archive page is probably static: it waits long. A news page is
+    # probably daily: it comes back within days. Without sections both wait
+    # as a page of the whole site would, and so does a page in no section.
+    site_delay = _first_delay(flat, "http://x/archive/2020/new.html")
+    assert archive > 2 * site_delay and news < 0.8 * site_delay
+    assert _first_delay(flat, "http://x/news/new.html") == site_delay
+    assert _first_delay(pooled, "http://x/new.html") == pytest.approx(site_delay)
+    # The sections' priors are shrunk toward the site's, never certain.
+    assert 0.5 < pooled.family_priors["x/archive/#"].weights[0] < 1.0
+    assert pooled.family_priors["x/news"].weights[0] < 0.2
+
+    # Persisted with the schedule's state, at most ``families`` of them.
+    state = pooled.state()
+    assert set(state["families"]) == {"x/archive/#", "x/news"}
+    one = OptimalSchedule(**kw, families=1)
+    one.load_state(state)
+    assert len(one.family_priors) == 1
+    again = OptimalSchedule(**kw)
+    again.load_state(state)
+    assert _first_delay(again, "http://x/archive/2020/new.html") == pytest.approx(archive)
+    # Two processes: the sections' weights are averaged, the union kept.
+    theirs = {**state, "mu": state["mu"], "families": {"x/blog": [5, state["population"]],
+                                                       "x/news": state["families"]["x/archive/#"]}}
+    merged = pooled.merge_state(theirs, {})
+    assert set(merged["families"]) == {"x/archive/#", "x/news", "x/blog"}
+    mixed = merged["families"]["x/news"][1]
+    half = [(a + b) / 2 for a, b in zip(state["families"]["x/archive/#"][1], state["families"]["x/news"][1])]
+    assert mixed == pytest.approx(half)
+    assert len(OptimalSchedule(**kw, families=2).merge_state(theirs, {})["families"]) == 2
+
+
+def test_a_site_without_sections_is_scheduled_as_before():
+    """URLs in no directory: the schedule with sections is the one without."""
+    kw = dict(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    pooled, flat = OptimalSchedule(**kw), OptimalSchedule(**kw, families=0)
+    rng = random.Random(4)
+    site = []
+    for i in range(400):
+        r = rec(i, level=2)
+        c, u, tc, tu = _history(rng, 0.0 if i % 5 < 2 else 1 / 7, 7.0, 3)
+        r.extra["chg"] = [c, u, tc * DAY, tu * DAY]
+        r.visits = 1 + i % 3
+        site.append(r)
+    for s in (pooled, flat):
+        s.learn(site, iterations=3)
+        s.set_budget(40.0, len(site), [s.rate(r) for r in site if r.visits >= 2])
+    assert not pooled.family_priors and "families" not in pooled.state()
+    assert pooled.population.weights == flat.population.weights and pooled.mu == flat.mu
+    assert _first_delay(pooled, "http://x/new") == _first_delay(flat, "http://x/new")
 
 
 def test_sitemap_lastmod_is_worth_a_fetch_only_above_its_price():

@@ -13,7 +13,8 @@ from vertical.sim import ScenarioError, parse_scenario  # noqa: E402
 from vertical.sim.engine import PolicySpec, simulate  # noqa: E402
 from vertical.sim.metrics import score  # noqa: E402
 from vertical.sim.runner import run_scenario  # noqa: E402
-from vertical.sim.site import make_site  # noqa: E402
+from vertical.sim.site import make_site, section_name  # noqa: E402
+from vertical.traps import url_family  # noqa: E402
 
 SMALL = {
     "pages": 300,
@@ -189,3 +190,52 @@ def test_hosts_politeness_is_honoured_and_priced_inside_the_optimum():
         assert per_day.max() <= 100 + 2
     with pytest.raises(ScenarioError, match="add up to 1"):
         parse_scenario({**data, "hosts": [{"share": 0.5, "delay_s": 1}]})
+
+
+def test_sections_give_pages_a_url_and_rates_that_follow_it():
+    base = {**SMALL, "pages": 4000, "hubs": {"count": 0, "new_pages_per_day": 0}}
+    plain = make_site(parse_scenario(base), 1)
+    assert plain.section is None and plain.url(7) == "sim:7"
+    # Strength 0: sections in the URL that say nothing; the site keeps its
+    # sizes and, in distribution, its rates and static share.
+    none = make_site(parse_scenario({**base, "sections": {"count": 10, "strength": 0.0}}), 1)
+    assert np.array_equal(none.size, plain.size)
+    name = section_name(int(none.section[7]))
+    assert none.url(7) == f"http://sim/{name}/7" and url_family(none.url(7)) == f"sim/{name}/#"
+    for site in (none, plain):
+        assert abs(np.mean(site.rate == 0) - 0.3) < 0.03
+    static_by_section = [np.mean(none.rate[none.section == s] == 0) for s in range(10)]
+    assert max(static_by_section) - min(static_by_section) < 0.15
+    # Strength 1: a section is all static or all changing, at one rate.
+    full = make_site(parse_scenario({**base, "sections": {"count": 10, "strength": 1.0}}), 1)
+    for s in range(10):
+        rates = full.rate[full.section == s]
+        assert len(set(rates.tolist())) == 1
+    # The key is checked.
+    with pytest.raises(ScenarioError, match="sections.strength"):
+        parse_scenario({**base, "sections": {"count": 10, "strength": 2}})
+
+
+def test_the_optimal_schedule_learns_the_sections_of_a_simulated_site(monkeypatch):
+    scn = parse_scenario({**SMALL, "hubs": {"count": 0, "new_pages_per_day": 0}, "horizon_days": 30,
+                          "sections": {"count": 4, "strength": 1.0}})
+    site = make_site(scn, 1)
+    from vertical.policies import refetch
+
+    built = []
+
+    class Spy(refetch.OptimalSchedule):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            built.append(self)
+
+    import vertical.policies as policies
+
+    monkeypatch.setitem(policies.SCHEDULES, "optimal", Spy)
+    simulate(site, PolicySpec("optimal", "optimal", "due"), 0.5, scn)
+    schedule = built[0]
+    assert set(schedule.family_priors) == {f"sim/{section_name(s)}" for s in range(4)}
+    for s in range(4):
+        static = bool(site.rate[site.section == s][0] == 0)
+        learned = schedule.family_priors[f"sim/{section_name(s)}"].weights[0]
+        assert (learned > 0.5) == static, (s, learned)

@@ -4,6 +4,7 @@ schedules were not tuned on, one by one, with fixed seeds.
     python benchmarks/freshness/family.py write            # the scenario files
     python benchmarks/freshness/family.py run [NAME ...]   # simulate (python -m vertical.sim each)
     python benchmarks/freshness/family.py table            # gap closed, from the results
+                                                           # (and sections.md: the section priors)
 
 Every scenario keeps the crawler's default site config (refetch: initial 1 day,
 min 1 hour, max 30 days) and budgets from 0.02 to 1 fetch per page per day.
@@ -46,6 +47,30 @@ NO_NEW = {"count": 0, "new_pages_per_day": 0}
 def _new(pages: int) -> dict:
     """Announced pages at the standard scenario's rate (50 a day per 10^4 pages)."""
     return {"count": max(1, pages // 2000), "list_length": 20, "new_pages_per_day": pages * 0.005}
+
+
+#: Section priors (issue 16): the optimal schedule without (``flat``,
+#: ``families: 0``, as it was) and with pooling by URL section (``sections``).
+SECTION_POLICIES = [
+    "uniform",
+    {"label": "flat", "schedule": "optimal", "priority": "due", "schedule_params": {"families": 0}},
+    {"label": "sections", "schedule": "optimal", "priority": "due"},
+    "oracle",
+]
+
+
+def section_scenarios() -> dict[str, dict]:
+    """The issue's site (log-normal, 40% static) and a Weibull 0.5 one, their
+    URLs in 20 sections whose pages change alike strongly (0.8 of the
+    variance), weakly (0.3) or not at all (0: the URL says nothing)."""
+    out = {}
+    for tag, strength in (("strong", 0.8), ("weak", 0.3), ("none", 0.0)):
+        out[f"sections-{tag}"] = dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                      sections={"count": 20, "strength": strength}, policies=SECTION_POLICIES)
+    out["sections-strong-weibull0.5-s20"] = dict(
+        pages=1000, static_share=0.2, change_interval={"dist": "weibull", "shape": 0.5, "scale_days": 7},
+        hubs=NO_NEW, sections={"count": 20, "strength": 0.8}, policies=SECTION_POLICIES)
+    return out
 
 
 def scenarios() -> dict[str, dict]:
@@ -92,6 +117,7 @@ def scenarios() -> dict[str, dict]:
                       policies=["uniform", {"label": "ceiling", "schedule": "optimal", "priority": "due",
                                             "schedule_params": {"per_host": False}}, POLICIES[4], "oracle"]),
     }
+    fam.update(section_scenarios())
     out = {}
     for name, d in fam.items():
         out[name] = {
@@ -109,6 +135,7 @@ def scenarios() -> dict[str, dict]:
             "tick_minutes": 15,
             **({"lastmod": d["lastmod"]} if "lastmod" in d else {}),
             **({"hosts": d["hosts"]} if "hosts" in d else {}),
+            **({"sections": d["sections"]} if "sections" in d else {}),
         }
     return out
 
@@ -131,6 +158,8 @@ def gap_table() -> str:
             " host ceiling afterwards |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in scenarios():
+        if name in section_scenarios():
+            continue  # their own table: section_table()
         path = DIR / name / "results.json"
         if not path.exists():
             continue
@@ -149,6 +178,31 @@ def gap_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _results(name: str) -> dict[float, dict[str, float]] | None:
+    path = DIR / name / "results.json"
+    if not path.exists():
+        return None
+    res = json.loads(path.read_text())["results"]
+    return {b: {e["policy"]: e["freshness"] for e in res if e["budget"] == b} for b in sorted({e["budget"] for e in res})}
+
+
+def section_table(names: list[str] | None = None) -> str:
+    """Gap closed by the optimal schedule without and with section priors
+    (labels ``flat`` and ``sections``, or ``before`` and ``after``)."""
+    rows = ["| scenario | budget | uniform | oracle | without sections | with sections |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for name in names or list(section_scenarios()):
+        by_budget = _results(name)
+        for b, f in (by_budget or {}).items():
+            u, o = f["uniform"], f["oracle"]
+            cells = []
+            for label in (("flat", "before"), ("sections", "after")):
+                p = next((f[x] for x in label if x in f), None)
+                cells.append("–" if p is None else f"{p:.3f} ({100 * (p - u) / (o - u):.0f}%)")
+            rows.append(f"| {name} | {b:g} | {u:.3f} | {o:.3f} | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows) + "\n"
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else "table"
     if cmd == "write":
@@ -158,4 +212,7 @@ if __name__ == "__main__":
     else:
         table = gap_table()
         (DIR / "gap.md").write_text(table, encoding="utf-8")
+        print(table)
+        table = section_table()
+        (DIR / "sections.md").write_text(table, encoding="utf-8")
         print(table)

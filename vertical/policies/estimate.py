@@ -34,7 +34,11 @@ A page visited a handful of times says little about its own rate, but a site
 says a lot about its pages: :class:`RateDistribution` learns the site's
 distribution of change rates from all its pages' counts (empirical Bayes:
 a histogram over a log grid of rates plus a mass of pages that never change,
-fitted by EM), and gives each page a posterior over that grid.
+fitted by EM), and gives each page a posterior over that grid. Pages of one
+section of a site change alike (Cho and Garcia-Molina found rates clustered
+by site section and page type): :func:`url_section` names a page's section
+from its URL, and :meth:`RateDistribution.fit` with ``toward`` fits a
+section's own distribution shrunk toward the site's (hierarchical Bayes).
 
 Pure Python, no I/O.
 """
@@ -43,10 +47,12 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Iterable, MutableMapping, Sequence
 from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 __all__ = [
     "COUNTS_KEY",
@@ -57,6 +63,7 @@ __all__ = [
     "history",
     "observe_modified",
     "parse_http_date",
+    "url_section",
     "naive_rate",
     "observe",
 ]
@@ -200,6 +207,36 @@ def history(extra: MutableMapping[str, Any]) -> History:
         return (*counts(extra), 0, 0.0, 0)
     return (*counts(extra), int(m[0]), float(m[1]), int(m[3]))
 
+_DIGIT = re.compile(r"\d")
+
+
+def url_section(url: str, depth: int = 2) -> str | None:
+    """The section of a site ``url`` belongs to, for pooling change rates:
+    its host and the first ``depth`` *directory* segments of its path, those
+    holding a digit written ``#`` (as :func:`vertical.traps.url_family`
+    does), then ``?`` when there is a query. None for a page in no
+    directory (``/about``, ``sim:3``): it pools with the whole site.
+
+    Why not ``url_family`` itself: it keeps the leaf (``/docs/3.12/os.html``
+    is ``/docs/#/os.html``), a family of one page wherever page names carry
+    no digit, so nothing would be pooled. Why not the first segment alone:
+    ``/docs/3.12/`` (a frozen release) and ``/docs/dev/`` (rewritten daily)
+    would be one section. Two directory levels keep those apart and still
+    pool the years of ``/archive/2019/``, ``/archive/2020/`` (``/archive/#``)
+    and the dates of ``/news/2024/05/`` (``/news/#/#``); deeper levels cut a
+    section into families too small to learn from. A query marks the
+    section's search and facet pages, which are not its articles.
+    """
+    parts = urlsplit(url)
+    if not parts.netloc:
+        return None
+    dirs = parts.path.split("/")[1:-1][:depth]
+    if not dirs:
+        return None
+    path = "/".join("#" if _DIGIT.search(seg) else seg.lower() for seg in dirs)
+    return f"{parts.netloc.lower()}/{path}{'?' if parts.query else ''}"
+
+
 _FLOOR = 1e-9  # the least weight of a rate
 
 
@@ -229,6 +266,16 @@ class RateDistribution:
         self.rates = [0.0] + [low * (high / low) ** (i / (n - 1)) for i in range(n)]
         self.weights = [0.5] + [0.5 / n] * n
         self._log_weights = self._logs(self.weights)
+
+    def like(self, weights: Sequence[float] | None = None) -> RateDistribution:
+        """A distribution on the same grid, with ``weights`` (default: these)."""
+        other = object.__new__(RateDistribution)
+        other.rates = self.rates
+        other.weights = list(self.weights)
+        other._log_weights = list(self._log_weights)
+        if weights is not None:
+            other.set_weights(weights)
+        return other
 
     @staticmethod
     def _logs(weights: Sequence[float]) -> list[float]:
@@ -278,11 +325,20 @@ class RateDistribution:
         return math.fsum(p * r for p, r in zip(posterior, self.rates))
 
     def fit(self, histories: Iterable[History], iterations: int = 1, sample: int = 1000,
-            rng: random.Random | None = None) -> int:
+            rng: random.Random | None = None, toward: Sequence[float] | None = None,
+            strength: float = 0.0) -> int:
         """Run ``iterations`` EM steps from the current weights over the
         observations of up to ``sample`` pages (a uniform sample of those
         visited at least twice or once with a Last-Modified; the others say
-        nothing). Returns the pages used."""
+        nothing). Returns the pages used.
+
+        With ``toward`` (another distribution's weights, e.g. the site's for
+        one of its sections) the steps are MAP-EM under a Dirichlet prior
+        centred on it, worth ``strength`` pages: the weights become
+        ``(sum of the pages' posteriors + strength * toward) / (pages +
+        strength)``, so a section of a few pages stays close to the site and
+        one of many speaks for itself (James-Stein-like shrinkage, as in
+        empirical Bayes for many small groups)."""
         rng = rng or random.Random(0)
         chosen: list[History] = []
         seen = 0
@@ -301,5 +357,9 @@ class RateDistribution:
             for h in chosen:
                 for i, p in enumerate(self.posterior(*h)):
                     acc[i] += p
-            self.set_weights([a / len(chosen) for a in acc])
+            if toward is not None and strength > 0:
+                acc = [a + strength * t for a, t in zip(acc, toward, strict=True)]
+                self.set_weights([a / (len(chosen) + strength) for a in acc])
+            else:
+                self.set_weights([a / len(chosen) for a in acc])
         return len(chosen)

@@ -237,7 +237,7 @@ def simulate(
     mean_cost = float(np.mean(cost_arr[n_hubs:])) if cost_arr is not None else 1.0
 
     def discover(i: int, parent: URLRecord | None, now_s: float) -> URLRecord:
-        rec = URLRecord(url=f"sim:{i}", fingerprint=i, site="sim", host=host_names[i], level=level[i])
+        rec = URLRecord(url=site.url(i), fingerprint=i, site="sim", host=host_names[i], level=level[i])
         schedule.set_discovered(rec, now_s)
         priority.on_discovered(rec, parent)
         recs[i] = rec

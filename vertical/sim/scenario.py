@@ -9,6 +9,7 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     # change_interval: {dist: pareto, min_days: 0.5, alpha: 1.2}
     lastmod: {share: 0.5, lag_days: 0, bogus_share: 0}  # pages sending Last-Modified (see below)
     hosts: [{share: 0.6, delay_s: 180}, {share: 0.4, delay_s: 10}]   # one site, several hosts (see below)
+    sections: {count: 20, strength: 0.8}   # URL sections whose pages change alike (see below)
     sizes: {dist: pareto, min_bytes: 2000, alpha: 1.5}
     hubs: {count: 5, list_length: 20, new_pages_per_day: 50}        # 0 new pages: a closed site
     budget: {fetches_per_page_per_day: [0.05, 0.2, 1.0]}           # or {seconds_per_day: [..], cost: {a: .., b: ..}}
@@ -35,6 +36,19 @@ lastmod, read every so many hours (a fetch not counted against the budget).
 each; the hubs are on the first), each fetched at most once per ``delay_s``
 seconds (its politeness), whatever the budget. Without it, one host with no
 limit but the budget.
+
+``sections``: the documents' URLs carry a section (``http://sim/<section>/<n>``,
+``count`` sections of about equal size), and pages of one section change
+alike, as real sites' do (Cho and Garcia-Molina found rates clustered by
+site and section). ``strength`` in [0, 1] is the share of the variance of a
+page's (normal score of its) change interval, and of its leaning to be
+static, that its section explains: a Gaussian copula, so every page's
+change interval keeps the ``change_interval`` distribution and the site
+keeps its ``static_share`` whatever the strength; 0 is a URL that says
+nothing, 1 a section whose pages all change at one rate (or are all
+static). Each section thus has its own median rate and static share.
+Without it (``count: 0``) the URLs are ``sim:<n>`` and the site is drawn
+as before.
 """
 
 from __future__ import annotations
@@ -87,6 +101,8 @@ class Scenario:
     )
     #: ``(share, delay_s)`` per host; empty: one host, no politeness limit.
     hosts_politeness: tuple[tuple[float, float], ...] = ()
+    #: URL sections: ``count`` (0: none) and ``strength`` of the section -> rate link.
+    sections: Mapping[str, float] = field(default_factory=lambda: {"count": 0, "strength": 0.0})
     #: Policies given as mappings: label -> {schedule, priority, schedule_params, priority_params}.
     custom_policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -111,13 +127,14 @@ class Scenario:
             "tick_minutes": self.tick_minutes,
             "lastmod": dict(self.lastmod),
             "hosts": [{"share": a, "delay_s": b} for a, b in self.hosts_politeness],
+            "sections": dict(self.sections),
             "custom_policies": {k: dict(v) for k, v in self.custom_policies.items()},
         }
 
 
 _KEYS = {
     "pages", "static_share", "change_interval", "sizes", "hubs", "budget", "horizon_days", "warmup_days",
-    "seeds", "policies", "refetch", "scent_delta_s", "tick_minutes", "lastmod", "hosts",
+    "seeds", "policies", "refetch", "scent_delta_s", "tick_minutes", "lastmod", "hosts", "sections",
 }
 
 
@@ -284,6 +301,10 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
                          "lag_days": _number(lm.get("lag_days", 0.0), "lastmod.lag_days", low=0),
                          "bogus_share": _number(lm.get("bogus_share", 0.0), "lastmod.bogus_share", low=0, high=1),
                          "sitemap_hours": _number(lm.get("sitemap_hours", 0.0), "lastmod.sitemap_hours", low=0)}
+    if "sections" in data:
+        sec = _mapping(data["sections"], "sections", {"count", "strength"})
+        kw["sections"] = {"count": int(_number(sec.get("count", 0), "sections.count", low=0)),
+                          "strength": _number(sec.get("strength", 0.0), "sections.strength", low=0, high=1)}
     return Scenario(**kw)
 
 

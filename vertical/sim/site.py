@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+from statistics import NormalDist
+
 import numpy as np
 
 from vertical.sim.scenario import Scenario
@@ -52,6 +55,15 @@ class Site:
     lag: np.ndarray | None = None
     #: Per page: its host (an index into the scenario's ``hosts``; 0 for hubs).
     host: np.ndarray | None = None
+    #: Per page: its URL section (an index; -1 for hubs), with scenario ``sections``.
+    section: np.ndarray | None = None
+
+    def url(self, i: int) -> str:
+        """Page ``i``'s URL: its section in the path when the site has sections."""
+        if self.section is None:
+            return f"sim:{i}"
+        s = int(self.section[i])
+        return f"http://sim/list/{i}" if s < 0 else f"http://sim/{section_name(s)}/{i}"
 
     @property
     def n(self) -> int:
@@ -84,6 +96,49 @@ def _rates(rng: np.random.Generator, n: int, scn: Scenario) -> np.ndarray:
     return rate
 
 
+def section_name(s: int) -> str:
+    """A section's path segment: letters only (a digit would make every
+    section one URL family, ``#``)."""
+    name = ""
+    s += 1
+    while s:
+        s, r = divmod(s - 1, 26)
+        name = chr(97 + r) + name
+    return f"sec-{name}"
+
+
+_phi = np.frompyfunc(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)), 1, 1)
+
+
+def _section_rates(rng: np.random.Generator, n: int, scn: Scenario) -> tuple[np.ndarray, np.ndarray]:
+    """Sections and rates of ``n`` documents: a Gaussian copula whose
+    section factor carries ``strength`` of the variance (see the scenario's
+    ``sections``), mapped through the inverse of ``change_interval``'s
+    distribution so that every page keeps it."""
+    count, strength = int(scn.sections["count"]), float(scn.sections["strength"])
+    section = rng.integers(0, count, n)
+    a, b = math.sqrt(strength), math.sqrt(1.0 - strength)
+    z = a * rng.standard_normal(count)[section] + b * rng.standard_normal(n)
+    ci = scn.change_interval
+    if ci["dist"] == "lognormal":
+        mean_interval = ci["median_days"] * np.exp(ci["sigma"] * z)
+    else:
+        # u = Phi(z); both tails computed directly (1 - u rounds to 1 or 0).
+        cum = _phi(z).astype(float)
+        tail = np.maximum(_phi(-z).astype(float), 1e-300)  # 1 - u
+        if ci["dist"] == "pareto":  # classical Pareto: min_days * (1 - u)^(-1/alpha)
+            mean_interval = ci["min_days"] * tail ** (-1.0 / ci["alpha"])
+        else:  # Weibull: scale_days * (-log(1 - u))^(1/shape)
+            exp1 = np.where(z < 0, -np.log1p(-cum), -np.log(tail))
+            mean_interval = ci["scale_days"] * exp1 ** (1.0 / ci["shape"])
+    rate = 1.0 / np.maximum(mean_interval, 1e-9)
+    if scn.static_share > 0:
+        zs = a * rng.standard_normal(count)[section] + b * rng.standard_normal(n)
+        cut = NormalDist().inv_cdf(min(scn.static_share, 1.0 - 1e-12))
+        rate[zs < cut] = 0.0
+    return section, rate
+
+
 def _sizes(rng: np.random.Generator, n: int, scn: Scenario) -> np.ndarray:
     # Classical Pareto: min_bytes * (1 + Lomax(alpha)).
     return scn.sizes["min_bytes"] * (1.0 + rng.pareto(scn.sizes["alpha"], n))
@@ -111,6 +166,12 @@ def make_site(scn: Scenario, seed: int) -> Site:
 
     rate = np.zeros(n)
     rate[n_hubs:] = _rates(rng, n_docs, scn)
+    section = None
+    if scn.sections["count"] > 0:
+        # Its own stream, after the main one drew as before: the same sizes
+        # and new pages, only the rates follow the sections.
+        section = np.full(n, -1, dtype=np.int64)
+        section[n_hubs:], rate[n_hubs:] = _section_rates(np.random.default_rng([seed, 3]), n_docs, scn)
     size = np.empty(n)
     size[n_hubs:] = _sizes(rng, n_docs, scn)
     size[:n_hubs] = scn.sizes["min_bytes"] * 2  # a list page
@@ -175,4 +236,5 @@ def make_site(scn: Scenario, seed: int) -> Site:
         born_modified=born_modified,
         lag=lag,
         host=host,
+        section=section,
     )
