@@ -45,7 +45,9 @@ What callers can rely on:
   which the robots middleware raises to the host's ``Crawl-delay``.
 * **Redis unreachable or stalled**: taking a turn waits and retries with the
   frontier's backoff and patience (``?patience=`` of the store URI), then
-  fails the request; giving one back retries in the background meanwhile
+  fails the request (after one has, the next ones try once until Redis
+  answers, and none waits once the scheduler has found the store gone: the
+  crawl is closing); giving one back retries in the background meanwhile
   (this process's next request to the host waits for it: the host's next
   turn could not be granted anyway). Either way only the requests to Redis
   wait: the reactor does not (below).
@@ -316,6 +318,7 @@ class HostRateMiddleware:
         self._thread = StoreThread(lambda: frontier, name="vertical-hostrate")
         self._thread.open()
         self._closed = False
+        self._gave_up = False  # the last call waited out the patience
         self._owner = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._tokens = itertools.count()
         self._hosts: dict[str, _Host] = {}
@@ -495,20 +498,34 @@ class HostRateMiddleware:
         raised. The backoff is waited on the reactor, the call on the thread:
         the reactor never waits for Redis."""
         backoff = self._retry_delays[0]
-        deadline = time.monotonic() + self.redis.patience
+        # As the frontier's breaker: once a call has waited out the patience,
+        # the next ones try once until Redis answers again (the requests
+        # queued for a host must not each wait it out while the crawl closes).
+        deadline = time.monotonic() + (0.0 if self._gave_up else self.redis.patience)
         while True:
             try:
-                return await maybe_deferred_to_future(call())
+                result = await maybe_deferred_to_future(call())
             except self._retry_errors as exc:
-                if time.monotonic() + backoff > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._store_gone():
+                    self._gave_up = True
                     raise
                 self.stats.inc_value("vertical/hostrate/retries")
                 logger.warning("Redis %s unreachable for the turns at %s (%s); retrying in %.1fs",
-                               self.redis.uri, host, exc, backoff)
-                await sleep(backoff)
+                               self.redis.uri, host, exc, min(backoff, left))
+                await sleep(min(backoff, left))
                 backoff = min(backoff * 2, self._retry_delays[1])
+            else:
+                self._gave_up = False
+                return result
 
-    def _close(self, **kwargs: Any) -> Deferred[Any]:
+    def _store_gone(self) -> bool:
+        """Has the scheduler found the store gone (the crawl is closing)?
+        Then a turn is not worth waiting for."""
+        engine = self.crawler.engine
+        return getattr(getattr(engine, "scheduler", None), "store_gone", None) is not None
+
+    async def _close(self, **kwargs: Any) -> None:
         # Give back what is still held (a download cut short by the close has
         # ended too), so that other processes need not wait for the leases;
         # what Redis does not take now runs out with its lease. One try each,
@@ -518,6 +535,7 @@ class HostRateMiddleware:
         ends = [self._thread.call(self.turns.end, site, turn.host, turn.token) for turn in self._held.values()]
         self._held.clear()
         self._closed = True
-        done = DeferredList(ends, consumeErrors=True)
-        done.addBoth(lambda _: self._thread.close())
-        return done
+        try:
+            await maybe_deferred_to_future(DeferredList(ends, consumeErrors=True))
+        finally:
+            await maybe_deferred_to_future(self._thread.close())

@@ -883,9 +883,15 @@ def test_redis_keys_of_a_site_share_one_hash_tag(redis_url):
 
 
 def test_redis_unreachable_for_longer_than_patience_raises():
+    """As a StoreUnavailable (the crawl closes on it) that is still a
+    redis.ConnectionError, raised from Redis's own error."""
+    from vertical.frontier import StoreUnavailable
+
     store = open_frontier(f"redis://127.0.0.1:{free_port()}/0?patience=0.3")
-    with pytest.raises(redis.ConnectionError):
+    with pytest.raises(StoreUnavailable) as raised:
         store.count(SITE)
+    assert isinstance(raised.value, redis.ConnectionError)
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
 
 
 class _Flag(logging.Handler):

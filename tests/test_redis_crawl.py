@@ -6,6 +6,7 @@ store, never the crawler's own account."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -193,3 +194,59 @@ def test_incremental_runs_on_redis(tmp_path, redis_url):
         assert records[f"/film/{fid}"].refetch_delay == DAY / 2
     assert records[f"/film/{plan['gone'][0]}"].state == "gone"
 
+
+
+def test_redis_killed_for_good_ends_the_crawl(tmp_path):
+    """Redis SIGKILLed mid-crawl and not restarted: once the store has been
+    unreachable for longer than its patience the crawl closes by itself
+    (finish reason ``store_unavailable``, exit status 1) with one error naming
+    the store, and keeps what can be kept: the items it emitted are in the
+    feed, and the store says fetched no page it did not write back. Redis
+    restarted afterwards, a new run emits the rest: no document is lost."""
+    patience, heartbeat = 3.0, 2.0
+    # The store gives up a patience after its first failed call, which comes
+    # within a heartbeat (the heartbeat calls the store even while idle); the
+    # close then waits for the downloads under way. The margin is for a
+    # loaded machine: only a crawl that does not end gets near it.
+    bound = patience + heartbeat + 60.0
+    with RedisServer(appendonly=True) as redis_server, serve(DemoSite(seed=0, films=60)) as demo:
+        store = f"{redis_server.url}/0?patience={patience:g}"
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.1, "concurrency": 1})
+        proc = start_crawl(site, store, tmp_path, tag="1",
+                           settings={"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": heartbeat})
+        try:
+            wait_for(lambda: len(page_requests(demo)) >= 15 or proc.poll() is not None)
+            assert proc.poll() is None, "the crawl ended before Redis was killed"
+            redis_server.stop(kill=True)
+            try:
+                _, stderr = proc.communicate(timeout=bound)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the crawl still runs {bound:g}s after its Redis was killed")
+        finally:
+            if proc.poll() is None:
+                kill(proc)
+        gone = collect(tmp_path, proc.returncode, "1", stderr=stderr)
+        fetched_then = {r["path"] for r in page_requests_of(demo.requests)}
+        truth = demo.site.truth()
+        assert not set(truth) <= fetched_then  # killed mid-crawl
+
+        assert gone.returncode == 1, stderr[-3000:]
+        assert gone.stats["finish_reason"] == "store_unavailable"
+        assert gone.stats["vertical/store/unavailable"]  # the call that found it gone
+        errors = [line for line in gone.log.splitlines() if " ERROR: " in line]
+        assert len(errors) == 1 and store in errors[0] and "patience" in errors[0], errors
+        assert "Traceback" not in gone.log, gone.log[-5000:]
+        assert gone.items  # emitted before the kill, and still in the feed
+
+        # Redis back (its append-only file replayed): the records the crawl
+        # reported written back are the store's fetched (or robots-parked)
+        # ones, no more, no fewer.
+        redis_server.start()
+        records = store_records(store)
+        written = [p for p, r in records.items() if r.visits or r.state == "forbidden"]
+        assert len(written) == gone.stat("vertical/commit/records")
+        assert set(written) <= fetched_then | {p for p in records if records[p].state == "forbidden"}
+        # A new run takes over the dead process's claims and emits the rest.
+        again = crawl(site, store, tmp_path, tag="2")
+    emitted = set(documents(gone.items)) | set(documents(again.items))
+    assert emitted == truth_documents(truth, demo.url)

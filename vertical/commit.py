@@ -50,8 +50,10 @@ from scrapy import signals
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
 from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
 
 from vertical import signals as vertical_signals
+from vertical.frontier.base import StoreUnavailable
 from vertical.frontier.worker import OneAtATime
 from vertical.items import DocumentItem
 from vertical.outbox import FeedDurability
@@ -61,7 +63,6 @@ from vertical.urls import fingerprint
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from twisted.python.failure import Failure
     from typing_extensions import Self
 
     from vertical.changes import PageDiff
@@ -391,9 +392,8 @@ class FrontierCommit:
 
     def _flush_failed(self, failure: Failure) -> None:
         # The store failed: what is buffered stays buffered for the next try.
-        self.stats.inc_value("vertical/store/failed/commit")
-        logger.error("Writing records back to the store failed: %s", failure.getErrorMessage(),
-                     exc_info=(failure.type, failure.value, failure.getTracebackObject()))
+        # The scheduler counts and logs it (and ends the crawl if the store is gone).
+        self.scheduler.store_failed("commit", failure)
 
     async def _flush(self) -> None:
         scheduler = self.scheduler
@@ -467,10 +467,19 @@ class FrontierCommit:
         scheduler = self.scheduler
         try:
             await self.flush()
+            if unwritten := len(self._writes) + len(self._pages):
+                # Still claimed in the store: a later run fetches them again.
+                self.stats.set_value("vertical/commit/unwritten", unwritten)
+                logger.warning("%d fetched pages were not written back to the store; a later run fetches "
+                               "them again", unwritten)
             durable = self.feeds.durable(checkpoint=False)
             if done := [row for scraped, row in self._undurable if scraped <= durable]:
-                await scheduler.store.call(  # type: ignore[union-attr]
-                    scheduler.frontier.outbox_drop, scheduler.site.name, scheduler.owner, done)
+                try:
+                    await scheduler.store.call(  # type: ignore[union-attr]
+                        scheduler.frontier.outbox_drop, scheduler.site.name, scheduler.owner, done)
+                except StoreUnavailable as exc:
+                    # The rows stay: their items are emitted again by a later run.
+                    scheduler.store_failed("outbox", Failure(exc))
             self._undurable = [u for u in self._undurable if u[0] > durable]
             if self._undurable:
                 self.stats.set_value("vertical/items/undurable", len(self._undurable))

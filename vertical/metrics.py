@@ -9,14 +9,18 @@ each its own port); the ``vertical_crawl_info`` series names the process
 
 What is exported is read from the crawl's Scrapy stats at scrape time (the
 same numbers as ``VERTICAL_STATS_FILE`` and the log), in the reactor's
-thread, so a scrape sees one consistent moment:
+thread, so a scrape sees one consistent moment. The one figure the store
+must be asked for, the due backlog, is counted on the scheduler's store
+thread and served from its last answer: a scrape never waits for the store
+(a large SQLite count, a Redis that does not answer).
 
 ===================================  ===========================================================
 ``vertical_pages_total{outcome}``    pages fetched: new, changed, unchanged, gone, duplicate, failed
 ``vertical_pages_per_second``        over the last minute (or since the start)
 ``vertical_due_backlog``             records due in the store, claimed or not, all processes
-                                     together (counted at most every 15 s; this process's queue
-                                     when the backend cannot count)
+                                     together (the last count, asked at most every 15 s on the
+                                     store thread; this process's queue until it has answered,
+                                     or when the backend cannot count)
 ``vertical_queued_records``          claimed, waiting in this process's host queues
 ``vertical_items_total{status}``     document records emitted: new, changed, gone
 ``vertical_errors_total{kind}``      download (network errors), http_5xx, spider (callback
@@ -48,7 +52,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from twisted.web.resource import Resource
 
-from vertical.progress import store_due
+from vertical.progress import ask_store_due
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -85,7 +89,8 @@ class StatsCollector:
         self.crawler = crawler
         self.started = time.time()
         self._pages: deque[tuple[float, float]] = deque()  # (monotonic time, pages) samples
-        self._backlog: tuple[float, int | None] = (float("-inf"), None)
+        self._backlog: tuple[float, int | None] = (float("-inf"), None)  # (asked at, last count)
+        self._counting = False  # a count is out on the store thread
 
     # -- derived values -----------------------------------------------------------
 
@@ -107,18 +112,31 @@ class StatsCollector:
         return (p1 - p0) / max(t1 - t0, 1e-9)
 
     def backlog(self) -> tuple[int, int | None]:
-        """Records queued in this process, and due in the store (None when
-        the backend cannot count them cheaply); the store is asked at most
-        every :data:`BACKLOG_TTL` seconds."""
+        """Records queued in this process, and due in the store as last
+        counted (None before the first answer, after a failed count, or when
+        the backend cannot count them cheaply). The store is asked at most
+        every :data:`BACKLOG_TTL` seconds, on its thread; the answer is
+        served from the next scrape on."""
         engine = self.crawler.engine
         scheduler = engine.scheduler if engine is not None else None
         if scheduler is None or not hasattr(scheduler, "site"):
             return 0, None
         queued = len(scheduler)
-        counted_at, stored = self._backlog
-        if time.monotonic() - counted_at >= BACKLOG_TTL:
-            stored = store_due(scheduler)
+        asked_at, stored = self._backlog
+        if not self._counting and time.monotonic() - asked_at >= BACKLOG_TTL:
+            self._counting = True
             self._backlog = (time.monotonic(), stored)
+
+            def counted(count: int | None) -> None:
+                self._counting = False
+                self._backlog = (self._backlog[0], count)
+
+            def failed(failure: Any) -> None:
+                self._counting = False
+                self._backlog = (self._backlog[0], None)
+                logger.debug("Metrics: counting the store's due records failed: %s", failure.getErrorMessage())
+            ask_store_due(scheduler).addCallbacks(counted, failed)
+            stored = self._backlog[1]  # answered at once by a backend that cannot count
         return queued, stored
 
     # -- the collector protocol ------------------------------------------------------

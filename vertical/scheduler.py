@@ -34,6 +34,13 @@ What the engine can rely on:
   another half lease (as of the last claim or renewal the store confirmed):
   enough to fetch it and commit it. A store that stays silent longer stops
   the handing out, not the downloads already under way.
+* A store unreachable for longer than its patience (a Redis that is gone:
+  :class:`~vertical.frontier.base.StoreUnavailable`) ends the crawl: one
+  error names the store and the call that failed, and the spider closes
+  with the reason ``store_unavailable`` (``scrapy crawl`` exits with 1).
+  Items already emitted stay in the feeds; pages fetched and not written
+  back stay claimed in the store until their lease or this process's
+  heartbeat runs out, and a later run fetches them again.
 """
 
 from __future__ import annotations
@@ -52,13 +59,14 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.utils.defer import deferred_from_coro
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
-from vertical.frontier import Frontier, Lane, open_frontier
+from vertical.frontier import Frontier, Lane, StoreUnavailable, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
@@ -93,6 +101,8 @@ MISSED_HEARTBEATS = 3
 #: A paced crawl may spend this many seconds of its budget at once: enough
 #: to bridge the engine's polls (every 5 s while nothing else wakes it).
 PACE_BURST = 10.0
+#: The finish reason of a crawl whose store was unreachable for longer than its patience.
+STORE_UNAVAILABLE = "store_unavailable"
 
 
 class BudgetPacer:
@@ -187,7 +197,7 @@ class FrontierScheduler(BaseScheduler):
         self.pacer: BudgetPacer | None = None
         self.store: StoreThread | None = None
         # Store jobs: at most one of each kind in flight.
-        self._links = OneAtATime(self._store_links, partial(self._store_failed, "links"))
+        self._links = OneAtATime(self._store_links, partial(self.store_failed, "links"))
         self._refilling = False
         self._checking_due = False
         self._beating = False
@@ -198,6 +208,9 @@ class FrontierScheduler(BaseScheduler):
         self._claimed_at: dict[int, float] = {}
         self._renewed_at = 0.0
         self._stores = 0  # store writes answered: a due answer older than the last is stale
+        #: The store call that found the store gone (unreachable for longer
+        #: than its patience), once one has: the crawl is closing.
+        self.store_gone: str | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -389,7 +402,7 @@ class FrontierScheduler(BaseScheduler):
                 delays[host] = delay
             return delays
         self._call(self.frontier.update_meta, site, CRAWL_DELAYS_KEY, keep).addErrback(
-            partial(self._store_failed, "meta"))
+            partial(self.store_failed, "meta"))
         if self._host_delay(host) != before and self._fit is not None:
             self._fit_budget()
 
@@ -397,6 +410,8 @@ class FrontierScheduler(BaseScheduler):
         """Write back what is settled, release the rest, merge the policies'
         state into the store's. The store stays open (and the heartbeat
         beating) until the commit has seen the feeds closed: :meth:`shutdown`."""
+        if self._heartbeat is None:
+            return succeed(None)  # the open failed (the store was unavailable): nothing to merge or leave
         return Deferred.fromCoroutine(self._close())
 
     async def _close(self) -> None:
@@ -423,7 +438,11 @@ class FrontierScheduler(BaseScheduler):
             except Exception:
                 # Harmless: the next open rebuilds the filter or tops it up.
                 logger.exception("Saving the seen filter failed")
-        await self._call(leave)
+        try:
+            await self._call(leave)
+        except StoreUnavailable as exc:
+            # Its claims run out with their lease (or this process's heartbeat).
+            self.store_failed("leave", Failure(exc))
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
         if self.frontier.collisions:
@@ -444,7 +463,7 @@ class FrontierScheduler(BaseScheduler):
         if store.frontier is None:
             return store.close()
         d = store.call(store.frontier.forget_owner, self.site.name, self.owner)
-        d.addErrback(lambda f: logger.error("Leaving the store failed", exc_info=(f.type, f.value, f.tb)))
+        d.addErrback(partial(self.store_failed, "leave"))
         d.addBoth(lambda _: store.close())
         return d
 
@@ -543,7 +562,7 @@ class FrontierScheduler(BaseScheduler):
             self._next_poll = 0.0
             return count
         d = self._call(moved_since_fetched).addCallback(worth)
-        return d.addErrback(partial(self._store_failed, "sitemap"))
+        return d.addErrback(partial(self.store_failed, "sitemap"))
 
     def _discover(self, url: str, level: int, parent: URLRecord | None, seed: bool) -> None:
         fp = fingerprint(url)
@@ -597,7 +616,7 @@ class FrontierScheduler(BaseScheduler):
                 self._stored()
             return n
         d = self._call(self.frontier.wake, self.site.name, host, state, self.now()).addCallback(woken)
-        return d.addErrback(partial(self._store_failed, "wake"))
+        return d.addErrback(partial(self.store_failed, "wake"))
 
     def postpone_host(self, host: str, seconds: float) -> None:
         """Leave a host alone for a while (its robots.txt answered 5xx or timed
@@ -642,7 +661,7 @@ class FrontierScheduler(BaseScheduler):
         for fp in fps:
             self._claimed_at.pop(fp, None)
         self._call(self.frontier.release, self.site.name, self.owner, fps).addErrback(
-            partial(self._store_failed, "release"))
+            partial(self.store_failed, "release"))
 
     async def records_for(self, fingerprints: Iterable[int]) -> dict[int, URLRecord]:
         """Current records of these URLs (for policies that update outlinks),
@@ -717,7 +736,7 @@ class FrontierScheduler(BaseScheduler):
 
     def _refill(self) -> None:
         """Ask the store for due records (one claim in flight at a time)."""
-        if self._refilling or self._closing:
+        if self._refilling or self._closing or self.store_gone:
             return
         busy = [h for h, q in self._queues.items() if len(q) >= self._host_target(h)]
         busy += self._held_back()
@@ -746,7 +765,7 @@ class FrontierScheduler(BaseScheduler):
             self._poll_later()
 
     def _claim_failed(self, failure: Failure) -> None:
-        self._store_failed("claim", failure)
+        self.store_failed("claim", failure)
         self._poll_later()
 
     def _poll_later(self) -> None:
@@ -786,7 +805,7 @@ class FrontierScheduler(BaseScheduler):
             return
         self._checking_due = True
         Deferred.fromCoroutine(self._due_in_store()).addErrback(
-            partial(self._store_failed, "due")).addBoth(self._due_checked)
+            partial(self.store_failed, "due")).addBoth(self._due_checked)
 
     def _due_checked(self, _: Any) -> None:
         self._checking_due = False
@@ -899,7 +918,7 @@ class FrontierScheduler(BaseScheduler):
         self._beating = True
         asked = time.monotonic()
         d = self._call(self._beat_here, info, held)
-        d.addCallbacks(self._beaten, partial(self._store_failed, "heartbeat"), callbackArgs=(asked, held))
+        d.addCallbacks(self._beaten, partial(self.store_failed, "heartbeat"), callbackArgs=(asked, held))
         d.addBoth(self._beat_done)
         return d
 
@@ -936,7 +955,7 @@ class FrontierScheduler(BaseScheduler):
         def done(result: Any) -> None:
             self._seen_saving = False
             if isinstance(result, Failure):
-                self._store_failed("seen", result)
+                self.store_failed("seen", result)
 
         return self._call(self.seen_keeper.save).addBoth(done)
 
@@ -1012,12 +1031,40 @@ class FrontierScheduler(BaseScheduler):
         self._stored()
         self._wake_engine()
 
-    def _store_failed(self, what: str, failure: Failure) -> None:
+    def store_failed(self, what: str, failure: Failure) -> None:
         """A store call failed (the store thread logged nothing): count it and
-        log it; its data stays where it was, for the next attempt."""
+        log it; its data stays where it was, for the next attempt. A store
+        unreachable for longer than its patience ends the crawl
+        (:meth:`_store_gone`); what fails after that is its consequence,
+        counted and not logged again."""
         self.stats.inc_value(f"vertical/store/failed/{what}")
-        logger.error("Store call failed (%s): %s", what, failure.getErrorMessage(),
-                     exc_info=(failure.type, failure.value, failure.getTracebackObject()))
+        if failure.check(StoreUnavailable):
+            self._store_gone(what, failure)
+        elif self.store_gone is not None:
+            logger.debug("Store call failed (%s) after the store was gone: %s", what, failure.getErrorMessage())
+        else:
+            logger.error("Store call failed (%s): %s", what, failure.getErrorMessage(),
+                         exc_info=(failure.type, failure.value, failure.getTracebackObject()))
+
+    def _store_gone(self, what: str, failure: Failure) -> None:
+        """The store has been unreachable for longer than its patience (its
+        own retries ran out): nothing this process does can be kept without
+        it, so the crawl closes. Logged once; the engine closes the spider
+        with :data:`STORE_UNAVAILABLE`, waiting for the downloads under way
+        (their items reach the feeds)."""
+        if self.store_gone is not None:
+            return
+        self.store_gone = what
+        self.stats.set_value("vertical/store/unavailable", what)
+        logger.error("Store %s unavailable: the %s call failed (%s). Closing the crawl (%s): items emitted so "
+                     "far stay in the feeds; pages fetched and not written back are fetched again by a later run.",
+                     self.store_uri, what, failure.getErrorMessage(), STORE_UNAVAILABLE)
+        engine = self.crawler.engine
+        if self._closing or self._heartbeat is None or engine is None or engine.spider is None:
+            return  # closing already, or still opening (the open fails): the store is left as it is
+        d = deferred_from_coro(engine.close_spider_async(reason=STORE_UNAVAILABLE))
+        d.addErrback(lambda f: logger.error("Closing the crawl failed: %s", f.getErrorMessage(),
+                                            exc_info=(f.type, f.value, f.getTracebackObject())))
 
     def _wake_engine(self) -> None:
         engine = self.crawler.engine

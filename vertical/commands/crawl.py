@@ -5,6 +5,10 @@ Scrapy would report a bad config as a traceback from the spider's
 constructor; a config author needs one line naming the file, the key path and
 the problem, and the run must stop before any request. The same goes for a
 Scrapy setting vertical cannot honour (:mod:`vertical.scrapy_settings`).
+
+A crawl that closes because its store is gone (``store_unavailable``, see
+:mod:`vertical.scheduler`) exits with 1, as one that failed to start: a
+script or a job scheduler must not take it for a finished crawl.
 """
 
 from __future__ import annotations
@@ -12,10 +16,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from typing import TYPE_CHECKING
+
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.exceptions import UsageError
 
 from vertical.config import ConfigError, load_site
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+
+#: Finish reasons of a crawl that failed (the exit status is 1).
+FAILED_REASONS = frozenset({"store_unavailable"})
 
 
 class Command(ScrapyCrawlCommand):
@@ -34,4 +47,12 @@ class Command(ScrapyCrawlCommand):
                 print(f"vertical: bad {what}: {exc}", file=sys.stderr)
                 self.exitcode = 2
                 return
+        self._crawlers: list[Crawler] = []
         super().run(args, opts)
+        if any(c.stats.get_value("finish_reason") in FAILED_REASONS for c in self._crawlers):
+            self.exitcode = 1
+
+    def _create_crawler(self, spidercls: type[Spider] | str) -> Crawler:
+        crawler = super()._create_crawler(spidercls)
+        self._crawlers.append(crawler)
+        return crawler

@@ -32,6 +32,12 @@ from vertical.record import URLRecord
 logger = logging.getLogger(__name__)
 
 
+class StoreUnavailable(Exception):
+    """The store could not be reached for longer than its patience (a Redis
+    that is gone): a crawl cannot go on without it and closes
+    (:class:`~vertical.scheduler.FrontierScheduler`, ``store_unavailable``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Lane:
     """Which records a crawl process takes (Loki's fast and slow spiders).

@@ -67,8 +67,10 @@ blocks for long.
 
 When Redis is unreachable, every operation logs a warning and retries with
 a bounded backoff for ``patience`` seconds (default 5 minutes) before it
-raises. The waits block the calling thread, which in a crawl is never the
-reactor: every store call runs on the crawl's store thread
+raises :class:`RedisUnavailable` (a
+:class:`~vertical.frontier.base.StoreUnavailable`: the crawl closes). Once
+one has, the next ones try once until Redis answers again. The waits block
+the calling thread, which in a crawl is never the reactor: every store call runs on the crawl's store thread
 (:mod:`vertical.frontier.worker`). A retried write is idempotent, except that records claimed by a
 request whose reply was lost stay leased to this owner until the lease runs
 out (nothing is lost, they come back later), that ``reap`` may then not
@@ -94,7 +96,7 @@ import redis
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import get_redis
 
-from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, check_outbox, merge_extra
+from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, StoreUnavailable, check_outbox, merge_extra
 from vertical.record import PARKED_STATES, STATES, URLRecord
 
 logger = logging.getLogger(__name__)
@@ -129,6 +131,11 @@ URLDICT_MIN_RECORDS, URLDICT_SAMPLE, URLDICT_CHECK = 1000, 400, 5000
 SEP = "\x1f"
 _FP = struct.Struct(">q")
 _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
+
+
+class RedisUnavailable(StoreUnavailable, redis.ConnectionError):
+    """Redis did not answer for the store's patience (raised from the last
+    error); still a ``redis.ConnectionError`` for callers that catch those."""
 
 # -- record encoding ------------------------------------------------------------
 # head:  state index | 8 if next_fetch == fetch_time + refetch_delay (not stored)
@@ -1392,12 +1399,16 @@ class RedisFrontier(Frontier):
             try:
                 result = operation(not first)
             except _RETRY_ERRORS as exc:
-                if time.monotonic() + delay > deadline:
+                # The last wait ends at the deadline: unreachable for the
+                # whole patience, not for the sum of the waits that fit in it.
+                left = deadline - time.monotonic()
+                if left <= 0:
                     self._gave_up = True
-                    raise
+                    raise RedisUnavailable(f"Redis unreachable for longer than the store's patience "
+                                           f"({self.patience:g}s): {exc}") from exc
                 logger.warning("Redis frontier %s unreachable (%s); retrying in %.1fs",
-                               self.uri or self.client, exc, delay)
-                time.sleep(delay)
+                               self.uri or self.client, exc, min(delay, left))
+                time.sleep(min(delay, left))
                 delay, first = min(delay * 2, RETRY_DELAYS[1]), False
             else:
                 self._gave_up = False
