@@ -21,16 +21,21 @@ only flagged: ``vertical/duplicate/near``, and ``extra["similar_to"]`` =
 The index holds the pages that are not exact copies, first come first
 served: it is rebuilt from the store's fetched records when the crawl
 opens and follows every fetch (a page whose content changed moves, a page
-that turned into a copy, or answered 404/410, leaves it).
+that turned into a copy, or answered 404/410, leaves it). The rebuild reads
+the whole site (seconds a million records on Redis) in chunks on the store
+thread, between the crawl's claims, so that the first requests go out
+meanwhile; a response that arrives before it is done waits for it.
 """
 
 from __future__ import annotations
 
+import itertools
+from functools import partial
 from typing import TYPE_CHECKING
 
 from scrapy import signals
 from scrapy.http import HtmlResponse, TextResponse
-from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet.defer import Deferred
 
 from vertical.duplicates import DuplicateIndex, content_stream, page_hashes
 from vertical.record import FETCHED
@@ -42,6 +47,8 @@ from vertical.scheduler import META_DUPLICATE, META_RECORD
 SIMILAR = "similar_to"
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -50,6 +57,9 @@ if TYPE_CHECKING:
     from vertical.record import URLRecord
 
 _GONE = (404, 410)
+#: Records read by one store job of the index's rebuild: claims queued
+#: meanwhile run between two chunks.
+LOAD_CHUNK = 20_000
 
 
 class DuplicateContentMiddleware:
@@ -57,6 +67,7 @@ class DuplicateContentMiddleware:
         self.crawler = crawler
         self.stats = crawler.stats
         self.index: DuplicateIndex | None = None
+        self._loading: Deferred[None] | None = None  # the index's rebuild from the store, under way
         self.near = False
         crawler.signals.connect(self._open, signal=signals.spider_opened)
 
@@ -64,7 +75,7 @@ class DuplicateContentMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
 
-    async def _open(self) -> None:
+    def _open(self) -> None:
         scheduler = self.crawler.engine.scheduler  # type: ignore[union-attr]
         if not hasattr(scheduler, "frontier"):
             return  # not a frontier crawl: no records to compare
@@ -73,17 +84,37 @@ class DuplicateContentMiddleware:
             return
         self.near = site.duplicates.near
         index = DuplicateIndex(site.duplicates.threshold if self.near else None)
+        records: Iterator[URLRecord] | None = None
 
-        def load() -> None:  # a read of the whole site: on the crawl's store thread
-            for record in scheduler.frontier.iter_records(site.name):
+        def load_chunk() -> bool:  # a read of the site, a chunk at a time: on the crawl's store thread
+            nonlocal records
+            if records is None:
+                records = iter(scheduler.frontier.iter_records(site.name))
+            read = 0
+            for record in itertools.islice(records, LOAD_CHUNK):
+                read += 1
                 if record.state == FETCHED and record.extra.get("content_hash") is not None:
                     index.add(record.fingerprint, record.extra["content_hash"], record.extra.get("simhash"))
+            return read == LOAD_CHUNK
 
-        # The engine waits for spider_opened handlers before the first request.
-        await maybe_deferred_to_future(scheduler.store.call(load))
-        self.index = index
+        def next_chunk(more: bool) -> Deferred[None] | None:
+            if more:
+                return scheduler.store.call(load_chunk).addCallback(next_chunk)
+            self.index = index
+            return None
 
-    def process_response(self, request: Request, response: Response) -> Response:
+        self._loading = scheduler.store.call(load_chunk).addCallback(next_chunk)
+        self._loading.addErrback(partial(scheduler.store_failed, "duplicates"))
+
+    def process_response(self, request: Request, response: Response) -> Response | Deferred[Response]:
+        if self.index is None and self._loading is not None and not self._loading.called:
+            # Compared with the site's pages once they are all read.
+            waiting: Deferred[None] = Deferred()
+            self._loading.addBoth(lambda result: (waiting.callback(None), result)[1])
+            return waiting.addCallback(lambda _: self._check(request, response))
+        return self._check(request, response)
+
+    def _check(self, request: Request, response: Response) -> Response:
         record: URLRecord | None = request.meta.get(META_RECORD)
         if record is None or self.index is None:
             return response

@@ -48,6 +48,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import socket
 import time
@@ -366,12 +367,23 @@ class FrontierScheduler(BaseScheduler):
                 rates.append(self.schedule.rate(r))
             by_host[r.host] = (pages + 1, rates)
         rates = [rate for _, host_rates in by_host.values() for rate in host_rates]
-        hosts = None
-        if len(by_host) > 1 or self._crawl_delays:
-            pol = self.site.politeness
-            hosts = {host: (pages, host_rates, share * 86400.0 * pol.concurrency / max(self._host_delay(host), 0.05))
-                     for host, (pages, host_rates) in by_host.items()}
-        self.schedule.set_budget(per_day * share, len(sample), rates, hosts=hosts)
+        # Only a host whose pages, each at the shortest refetch, would cost
+        # more than its politeness allows can bind; the others are one group
+        # without a limit of its own (a site of 10^3 hosts would otherwise
+        # cost the fit seconds of bisections on the reactor).
+        pol, fastest = self.site.politeness, 86400.0 / max(self.site.refetch.min, 1.0)
+        hosts: dict[str, tuple[int, list[float], float]] = {}
+        free_pages, free_rates = 0, []
+        for host, (pages, host_rates) in by_host.items():
+            cap = share * 86400.0 * pol.concurrency / max(self._host_delay(host), 0.05)
+            if pages * fastest > cap:
+                hosts[host] = (pages, host_rates, cap)
+            else:
+                free_pages += pages
+                free_rates += host_rates
+        if hosts and free_pages:
+            hosts[""] = (free_pages, free_rates, math.inf)  # no host name is empty
+        self.schedule.set_budget(per_day * share, len(sample), rates, hosts=hosts or None)
         self.stats.set_value("vertical/schedule/hosts_priced", len(getattr(self.schedule, "host_mu", ())))
 
     def _host_delay(self, host: str) -> float:
