@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -40,31 +41,34 @@ logger = logging.getLogger(__name__)
 COUNTS = ("new", "changed", "unchanged", "gone")
 
 
+def _count_due(scheduler: Any) -> Callable[[], int] | None:
+    """The store call that counts the scheduler's due records, its arguments
+    read now (on the reactor, where the scheduler changes them), or None
+    when the backend has no cheap count."""
+    count_due = getattr(getattr(scheduler, "frontier", None), "count_due", None)
+    if count_due is None:
+        return None
+    args = (scheduler.site.name, scheduler.now(), scheduler.lane)
+    fetched_before = scheduler.fetched_before
+    return lambda: int(count_due(*args, fetched_before=fetched_before))
+
+
 def store_due(scheduler: Any) -> int | None:
     """Records of the scheduler's lane due now in its store and not yet
     fetched this run, or None when the backend has no cheap count
     (``Frontier.count_due(site, now, lane, fetched_before)``)."""
-    frontier = getattr(scheduler, "frontier", None)
-    count_due = getattr(frontier, "count_due", None)
-    if count_due is None:
-        return None
-    return int(count_due(scheduler.site.name, scheduler.now(), scheduler.lane,
-                         fetched_before=scheduler.fetched_before))
+    count = _count_due(scheduler)
+    return None if count is None else count()
 
 
 def ask_store_due(scheduler: Any) -> Deferred[int | None]:
     """:func:`store_due` on the scheduler's store thread (the store's calls
-    run there, in order, off the reactor); fires on the reactor. The
-    arguments are read here, on the reactor, where the scheduler changes
-    them."""
-    frontier = getattr(scheduler, "frontier", None)
+    run there, in order, off the reactor); fires on the reactor."""
+    count = _count_due(scheduler)
     store = getattr(scheduler, "store", None)
-    count_due = getattr(frontier, "count_due", None)
-    if count_due is None or store is None:
-        return succeed(None if count_due is None else store_due(scheduler))
-    d = store.call(count_due, scheduler.site.name, scheduler.now(), scheduler.lane,
-                   fetched_before=scheduler.fetched_before)
-    return d.addCallback(int)
+    if count is None or store is None:
+        return succeed(None if count is None else count())
+    return store.call(count)
 
 
 class CrawlProgress:
