@@ -239,3 +239,13 @@ def test_the_optimal_schedule_learns_the_sections_of_a_simulated_site(monkeypatc
         static = bool(site.rate[site.section == s][0] == 0)
         learned = schedule.family_priors[f"sim/{section_name(s)}"].weights[0]
         assert (learned > 0.5) == static, (s, learned)
+
+
+def test_a_labelled_policy_named_like_a_built_in_runs_as_labelled():
+    from vertical.sim.engine import policy_specs
+
+    scn = parse_scenario({**SMALL, "policies": [
+        "uniform", {"label": "adaptive", "schedule": "adaptive", "priority": "due"}, "nutch"]})
+    specs = {s.label: s for s in policy_specs(scn)}
+    assert (specs["adaptive"].schedule, specs["adaptive"].priority) == ("adaptive", "due")
+    assert (specs["nutch"].schedule, specs["nutch"].priority) == ("nutch", "uniform")  # the built-in

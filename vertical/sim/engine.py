@@ -72,7 +72,11 @@ def policy_specs(scn: Scenario) -> list[PolicySpec]:
     always = {"initial": 0.0, "min_delay": 0.0}
     specs: list[PolicySpec] = []
     for name in scn.policies:
-        if name == "uniform":
+        if name in scn.custom_policies:  # a label wins over a built-in of the same name
+            c = scn.custom_policies[name]
+            specs.append(PolicySpec(name, c["schedule"], c["priority"], dict(c.get("schedule_params") or {}),
+                                    dict(c.get("priority_params") or {})))
+        elif name == "uniform":
             specs.append(PolicySpec("uniform", "fixed", "uniform", dict(always)))
         elif name == "adaptive":
             specs.append(PolicySpec("adaptive", "adaptive", "uniform", {"factor": 2.0}))
@@ -87,10 +91,6 @@ def policy_specs(scn: Scenario) -> list[PolicySpec]:
             specs.append(PolicySpec("level", "fixed", "level", {"initial": DAY, "min_delay": 0.0}))
         elif name == "optimal":
             specs.append(PolicySpec("optimal", "optimal", "uniform"))
-        elif name in scn.custom_policies:
-            c = scn.custom_policies[name]
-            specs.append(PolicySpec(name, c["schedule"], c["priority"], dict(c.get("schedule_params") or {}),
-                                    dict(c.get("priority_params") or {})))
         elif name == "oracle":
             specs.append(PolicySpec("oracle", "oracle", "due", oracle="freshness"))
             specs.append(PolicySpec("oracle_q", "oracle", "due", oracle="q"))
