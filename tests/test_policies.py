@@ -18,6 +18,7 @@ from vertical.policies import (
 )
 from vertical.policies.estimate import (
     MODIFIED_BAD_KEY,
+    PROBE_KEY,
     RateDistribution,
     cho_irregular,
     cho_regular,
@@ -33,10 +34,11 @@ from vertical.policies.oracle import (
     marginal_gain,
     optimal_frequency,
     oracle_allocation,
+    probe_interval,
     solve_mu,
 )
 from vertical.policies.priority import LevelPriority, OpicPriority, ScentPriority, UniformPriority
-from vertical.policies.refetch import RATE_KEY, AdaptiveSchedule, NutchSchedule, OptimalSchedule
+from vertical.policies.refetch import PROBING_KEY, RATE_KEY, AdaptiveSchedule, NutchSchedule, OptimalSchedule
 from vertical.record import URLRecord
 
 DAY = 86400.0
@@ -714,24 +716,24 @@ def test_last_modified_observations():
     extra: dict = {}
     # First visit: 3 days since the last change, a draw of the recurrence time.
     assert observe_modified(extra, 7 * DAY, 10 * DAY, 0.0, True, True)
-    assert history(extra) == (0, 0, 0.0, 0.0, 1, 3 * DAY, 1)
+    assert history(extra) == (0, 0, 0.0, 0.0, 1, 3 * DAY, 1, 0, 0.0)
     # Unchanged and the header did not move: the bits count it, not this.
     assert not observe_modified(extra, 7 * DAY, 12 * DAY, 10 * DAY, False, False)
     # A change at 13 days seen at 15: a change, then 2 days without.
     assert observe_modified(extra, 13 * DAY, 15 * DAY, 12 * DAY, True, False)
-    assert history(extra)[4:] == (2, 5 * DAY, 1)
+    assert history(extra)[4:7] == (2, 5 * DAY, 1)
     # A change the header dates before the previous visit (a date without its
     # hour): the bit alone.
     assert not observe_modified(extra, 14 * DAY, 16 * DAY, 15 * DAY, True, False)
     # The header moves, the page does not: rendered per request, dropped for good.
     assert not observe_modified(extra, 17 * DAY, 17 * DAY, 16 * DAY, False, False)
-    assert "lm" not in extra and history(extra)[4:] == (0, 0.0, 0)
+    assert "lm" not in extra and history(extra)[4:7] == (0, 0.0, 0)
     assert not observe_modified(extra, 18 * DAY, 19 * DAY, 17 * DAY, True, False)
     assert "lm" not in extra
     # A header within a minute of the response: rendered, not changed.
     rendered: dict = {}
     assert not observe_modified(rendered, 10 * DAY - 5, 10 * DAY, 0.0, True, True)
-    assert history(rendered)[4:] == (0, 0.0, 0)
+    assert history(rendered)[4:7] == (0, 0.0, 0)
     # A header from the future (a skewed clock) says nothing.
     assert not observe_modified({}, 20 * DAY, 19 * DAY, 0.0, True, True)
 
@@ -859,3 +861,63 @@ def test_optimal_set_budget_per_host():
     ceiling = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, population=False, per_host=False)
     ceiling.set_budget(500.0, 1000, rates, hosts=hosts)
     assert ceiling.host_mu == {} and ceiling.price(a) == ceiling.mu
+
+
+def _two_kinds(schedule: OptimalSchedule) -> tuple[float, float]:
+    """Give ``schedule`` a site of two kinds of page, half changing every 3
+    days (worth chasing) and half 20 times a day (too fast to keep fresh);
+    returns their rates (per day)."""
+    rates = schedule.population.rates
+    slow = min(range(1, len(rates)), key=lambda i: abs(math.log(rates[i] * 3 * DAY)))
+    fast = min(range(1, len(rates)), key=lambda i: abs(math.log(rates[i] / (20 / DAY))))
+    weights = [0.0] * len(rates)
+    weights[slow] = weights[fast] = 0.5
+    schedule.population.set_weights(weights)
+    return rates[slow] * DAY, rates[fast] * DAY
+
+
+def test_a_probe_is_worth_its_fetch_only_when_its_answer_can_change_the_decision():
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=0.3 * DAY)
+    slow, fast = _two_kinds(s)
+    rates, mu = s.population.rates, s.mu
+    # Changed after 3 days: either kind. A visit within hours tells them apart.
+    split = s.population.posterior(1, 0, 3 * DAY, 0.0)
+    interval = bayes_interval(rates, split, mu, 3600, 30 * DAY)
+    tau = probe_interval(rates, split, mu, interval, 3600, 30 * DAY, 30 * DAY)
+    assert tau is not None and 3600 <= tau < interval
+    # Known to be one kind: nothing to learn.
+    sure = [1.0 if abs(r * DAY - slow) < 1e-9 else 0.0 for r in rates]
+    sure_interval = bayes_interval(rates, sure, mu, 3600, 30 * DAY)
+    assert probe_interval(rates, sure, mu, sure_interval, 3600, 30 * DAY, 30 * DAY) is None
+    # Not worth a fetch when its lesson would serve for a moment only.
+    assert probe_interval(rates, split, mu, interval, 3600, 30 * DAY, 60.0) is None
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_probes_tell_a_page_too_fast_to_chase_from_one_worth_chasing(probe):
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=0.3 * DAY, probe=probe)
+    _two_kinds(s)
+    delays = {}
+    for kind in ("fast", "slow"):
+        r = rec(1 if kind == "fast" else 2, level=2)
+        s.set_discovered(r, 0.0)
+        s.set_fetched(r, 0.0, changed=True)
+        probes = 0
+        for _ in range(6):
+            probing = PROBING_KEY in r.extra
+            probes += probing
+            # The fast page changed before every visit; the slow one only
+            # before its regular visits, days apart, not before a probe.
+            s.set_fetched(r, r.next_fetch, changed=kind == "fast" or not probing)
+        delays[kind] = r.refetch_delay
+        if probe:
+            assert probes >= 1
+            # A change found by a probe is kept apart from the regular ones.
+            assert counts(r.extra)[0] + r.extra.get(PROBE_KEY, [0])[0] == r.changes
+        else:
+            assert probes == 0 and PROBE_KEY not in r.extra
+    if probe:
+        assert delays["fast"] == 30 * DAY  # left alone: chasing it buys nothing
+        assert delays["slow"] < 3 * DAY
+    else:
+        assert delays["fast"] < 30 * DAY  # both changed at every visit: chased alike

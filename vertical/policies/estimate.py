@@ -73,6 +73,12 @@ COUNTS_KEY = "chg"
 #: Key of ``record.extra`` holding the Last-Modified observations:
 #: ``[changes, exposure, last_modified, first]`` (see :func:`observe_modified`).
 MODIFIED_KEY = "lm"
+#: Key of ``record.extra`` holding ``[changed, changed_time]`` of the visits
+#: made sooner to learn (see ``OptimalSchedule``'s probes): kept apart from
+#: :data:`COUNTS_KEY`, whose changed intervals are pooled by their mean and
+#: would average a change found within hours away among changes found
+#: after weeks.
+PROBE_KEY = "prb"
 #: Set in ``record.extra`` when a page's Last-Modified proved meaningless.
 MODIFIED_BAD_KEY = "lmx"
 #: Seconds: a Last-Modified closer than this to the response says nothing.
@@ -196,16 +202,19 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
 
 
 #: ``(changed, unchanged, changed_time, unchanged_time, modified_changes,
-#: modified_exposure, first_modified)``: a page's observations.
-History = tuple[float, float, float, float, float, float, float]
+#: modified_exposure, first_modified, probe_changed, probe_changed_time)``:
+#: a page's observations.
+History = tuple[float, float, float, float, float, float, float, float, float]
 
 
 def history(extra: MutableMapping[str, Any]) -> History:
-    """A page's observations: :func:`counts` and :func:`observe_modified`'s."""
+    """A page's observations: :func:`counts`, :func:`observe_modified`'s and
+    the changes its probes found (:data:`PROBE_KEY`)."""
     m = extra.get(MODIFIED_KEY)
+    p = extra.get(PROBE_KEY) or (0, 0.0)
     if m is None:
-        return (*counts(extra), 0, 0.0, 0)
-    return (*counts(extra), int(m[0]), float(m[1]), int(m[3]))
+        return (*counts(extra), 0, 0.0, 0, int(p[0]), float(p[1]))
+    return (*counts(extra), int(m[0]), float(m[1]), int(m[3]), int(p[0]), float(p[1]))
 
 _DIGIT = re.compile(r"\d")
 
@@ -292,20 +301,23 @@ class RateDistribution:
         self._log_weights = self._logs(self.weights)
 
     def posterior(self, changed: float, unchanged: float, changed_time: float, unchanged_time: float,
-                  modified_changes: float = 0, modified_exposure: float = 0.0, first_modified: float = 0) -> list[float]:
+                  modified_changes: float = 0, modified_exposure: float = 0.0, first_modified: float = 0,
+                  probe_changed: float = 0, probe_changed_time: float = 0.0) -> list[float]:
         """The probability of each rate of :attr:`rates` given a page's
         observations (a :data:`History`). The first visit's time since the
         last change is a density ``lambda e^(-lambda a)``; for a page that
         never changes it is the time since the page was written, given the
-        density of the slowest rate of the grid."""
+        density of the slowest rate of the grid. Changes found by probes
+        count as the others do, at their own mean interval."""
         if changed <= 0 and unchanged <= 0 and modified_changes <= 0 and modified_exposure <= 0:
             return list(self.weights)
         mean_changed = changed_time / changed if changed > 0 else 0.0
+        mean_probe = probe_changed_time / probe_changed if probe_changed > 0 else 0.0
         exposure = unchanged_time + modified_exposure
         logs = []
         for rate, log_weight in zip(self.rates, self._log_weights):
             if rate == 0.0:
-                static = changed <= 0 and modified_changes <= first_modified
+                static = changed <= 0 and probe_changed <= 0 and modified_changes <= first_modified
                 logs.append(log_weight + first_modified * math.log(self.rates[1]) if static else -math.inf)
                 continue
             ll = log_weight - rate * exposure
@@ -314,6 +326,9 @@ class RateDistribution:
             if changed > 0:
                 x = rate * mean_changed
                 ll += changed * (math.log(-math.expm1(-x)) if x > 1e-12 else math.log(max(x, 1e-300)))
+            if probe_changed > 0:
+                x = rate * mean_probe
+                ll += probe_changed * (math.log(-math.expm1(-x)) if x > 1e-12 else math.log(max(x, 1e-300)))
             logs.append(ll)
         top = max(logs)
         post = [math.exp(v - top) if v > -math.inf else 0.0 for v in logs]

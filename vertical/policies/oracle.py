@@ -36,10 +36,12 @@ __all__ = [
     "bayes_interval",
     "expected_age",
     "expected_freshness",
+    "expected_value",
     "fit_mu",
     "marginal_gain",
     "oracle_allocation",
     "optimal_frequency",
+    "probe_interval",
     "solve_mu",
     "solve_mu_hosts",
     "spend_curve",
@@ -157,6 +159,62 @@ def bayes_interval(
         else:
             lo = mid
     return math.exp(0.5 * (lo + hi))
+
+
+def expected_value(rates: Sequence[float], probabilities: Sequence[float], mu: float, interval: float) -> float:
+    """Expected freshness less ``mu`` per fetch, per second, of a page
+    refetched every ``interval`` whose rate is ``probabilities`` over
+    ``rates``: a Poisson page is fresh ``(1 - e^-rT) / rT`` of the time."""
+    fresh = 0.0
+    for p, r in zip(probabilities, rates):
+        x = r * interval
+        fresh += p * (-math.expm1(-x) / x if x > 1e-12 else 1.0)
+    return fresh - mu / interval
+
+
+def probe_interval(
+    rates: Sequence[float],
+    probabilities: Sequence[float],
+    mu: float,
+    interval: float,
+    shortest: float,
+    longest: float,
+    horizon: float,
+    *,
+    shrink: Sequence[float] = (4.0, 16.0, 64.0),
+) -> float | None:
+    """An interval shorter than ``interval`` (the Bayes decision for this
+    posterior) worth one extra fetch for what its answer teaches, or None.
+
+    A page found changed at every visit cannot tell a rate worth chasing
+    from one too fast to keep fresh: at ``interval`` the next visit will
+    find a change whatever the rate, and the page is chased forever at
+    the price of a page the schedule cannot tell apart. A visit sooner
+    can: its changed/unchanged answer splits the posterior. Its worth is
+    the expected value of the decision made after it (value of sample
+    information, in freshness per second) over what the decision is worth
+    now, earned for ``horizon`` seconds; it is worth a fetch when that
+    exceeds ``mu``. Of ``interval / shrink`` (at least ``shortest``), the
+    one worth most is returned."""
+    now = expected_value(rates, probabilities, mu, interval)
+    best, best_gain = None, mu
+    for k in shrink:
+        tau = max(shortest, interval / k)
+        if tau >= interval:
+            break
+        stay = [p * math.exp(-r * tau) for p, r in zip(probabilities, rates)]
+        q = sum(stay)
+        if not 1e-3 < q < 1 - 1e-3:
+            continue  # the answer is known in advance: nothing to learn
+        moved = [p - s for p, s in zip(probabilities, stay)]
+        after = 0.0
+        for weight, post in ((q, [s / q for s in stay]), (1 - q, [m / (1 - q) for m in moved])):
+            t = bayes_interval(rates, post, mu, shortest, longest)
+            after += weight * expected_value(rates, post, mu, t)
+        gain = (after - now) * horizon
+        if gain > best_gain:
+            best, best_gain = tau, gain
+    return best
 
 
 def _clamped_total(groups: Sequence[tuple[float, float, float]], mu: float, f_min: float, f_max: float) -> float:

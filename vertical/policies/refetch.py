@@ -25,6 +25,7 @@ from typing import Any
 from vertical.policies.base import FetchSchedule
 from vertical.policies.estimate import (
     MODIFIED_BAD_KEY,
+    PROBE_KEY,
     RateDistribution,
     cho_irregular,
     counts,
@@ -39,6 +40,7 @@ from vertical.policies.oracle import (
     fit_mu,
     marginal_gain,
     optimal_frequency,
+    probe_interval,
     solve_mu_hosts,
     spend_curve,
 )
@@ -51,6 +53,8 @@ DAY = 86400.0
 #: Key of ``record.extra`` holding a document's estimated change rate (per
 #: second) as of its last visit.
 RATE_KEY = "rate"
+#: Set in ``record.extra`` when the next visit of a page is a probe.
+PROBING_KEY = "probing"
 
 
 class FixedSchedule(FetchSchedule):
@@ -181,6 +185,13 @@ class OptimalSchedule(FetchSchedule):
       (:func:`~vertical.policies.estimate.observe_modified`), and
       :meth:`sitemap_due` decides whether a sitemap's lastmod makes a page
       worth fetching now.
+    * With ``probe`` (off by default) a page found changed at each of its
+      last ``probe_after`` or more visits may be visited sooner once, when
+      what that visit can tell (worth chasing, or too fast to keep fresh) is
+      worth more than a fetch over ``probe_horizon`` (default: the longest
+      delay): see :func:`~vertical.policies.oracle.probe_interval`. Changes
+      a probe finds are kept apart (:data:`~vertical.policies.estimate.PROBE_KEY`):
+      pooled with changes weeks apart they would teach nothing.
     * Pages at ``level <= hub_level`` (the entry pages: home page and lists,
       which announce new pages) are not chased for their own freshness but
       for the pages they announce: see :meth:`hub_delay`. A change missed
@@ -211,11 +222,16 @@ class OptimalSchedule(FetchSchedule):
         family_depth: int = 2,
         family_weight: float = 20.0,
         family_sample: int = 200,
+        probe: bool = False,
+        probe_horizon: float | None = None,
+        probe_after: int = 2,
         **params: Any,
     ) -> None:
         super().__init__(initial, min_delay, max_delay, factor, **params)
         if families < 0 or family_depth < 1 or family_weight < 0 or family_sample < 1:
             raise ValueError("optimal: need families >= 0, family_depth >= 1, family_weight >= 0, family_sample >= 1")
+        if probe_after < 1 or (probe_horizon is not None and float(probe_horizon) <= 0):
+            raise ValueError("optimal: need probe_after >= 1 and a positive probe_horizon")
         if prior_weight < 0:
             raise ValueError("optimal: prior_weight must not be negative")
         if not 0 < max_share <= 1:
@@ -225,6 +241,9 @@ class OptimalSchedule(FetchSchedule):
         if lastmod_due not in ("worth", "always", "never"):
             raise ValueError("optimal: lastmod_due must be worth, always or never")
         self.lastmod_due = lastmod_due
+        self.probe = bool(probe)
+        self.probe_horizon = float(probe_horizon) if probe_horizon else None
+        self.probe_after = int(probe_after)
         #: Host -> its own price of a fetch, for the hosts whose politeness binds.
         self.host_mu: dict[str, float] = {}
         self.max_share = float(max_share)
@@ -477,18 +496,35 @@ class OptimalSchedule(FetchSchedule):
             # The header of this response (the commit sets it before this call).
             modified = parse_http_date(record.last_modified)
             counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
+        probed = record.extra.pop(PROBING_KEY, None)
         if not first and not counted:
-            observe(record.extra, changed, now - record.fetch_time)
+            if probed and changed:
+                found = record.extra.setdefault(PROBE_KEY, [0, 0.0])
+                found[0] += 1
+                found[1] += now - record.fetch_time
+            else:
+                observe(record.extra, changed, now - record.fetch_time)
         mu = self.price(record)
         if hub:
             return self.hub_delay(self.rate(record), mu)
         if self.population is None:
             return self.delay_for_rate(self.rate(record), mu)
         prior = self.prior(record)
-        posterior = prior.posterior(*history(record.extra))
+        seen = history(record.extra)
+        posterior = prior.posterior(*seen)
         # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = prior.mean(posterior)
-        return bayes_interval(prior.rates, posterior, mu, self.min_delay, self.longest)
+        interval = bayes_interval(prior.rates, posterior, mu, self.min_delay, self.longest)
+        if self.probe and changed and seen[0] + seen[7] >= self.probe_after:
+            # A change at every visit does not tell a page worth chasing from
+            # one too fast to keep fresh: a sooner visit may (value of sample
+            # information against the price of a fetch).
+            horizon = self.probe_horizon or self.longest
+            probe = probe_interval(prior.rates, posterior, mu, interval, self.min_delay, self.longest, horizon)
+            if probe is not None:
+                record.extra[PROBING_KEY] = 1
+                return probe
+        return interval
 
     def hub_delay(self, rate: float, mu: float | None = None) -> float:
         """The delay of an announcing page changing at ``rate``: each visit
