@@ -3,6 +3,8 @@ schedules were not tuned on, one by one, with fixed seeds.
 
     python benchmarks/freshness/family.py write            # the scenario files
     python benchmarks/freshness/family.py run [NAME ...]   # simulate (python -m vertical.sim each)
+    python benchmarks/freshness/family.py rerun LABEL[,LABEL] [NAME ...]
+                                                           # run again only these policies, merged in
     python benchmarks/freshness/family.py table            # gap closed, from the results
                                                            # (and sections.md: the section priors)
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -153,6 +156,33 @@ def run(names: list[str]) -> None:
                         "--out", str(DIR / name), "--jobs", "2"], check=True)
 
 
+def rerun(labels: list[str], names: list[str]) -> None:
+    """Simulate only the policies ``labels`` of each scenario (with the
+    oracle, which the run scores against) and put their results in place
+    of the old ones in its results.json: a policy fixed without the hours
+    of running the learned schedule again."""
+    write()
+    for name in names or list(scenarios()):
+        path = DIR / name / "results.json"
+        if not path.exists():
+            continue
+        scn = yaml.safe_load((DIR / f"{name}.yaml").read_text(encoding="utf-8"))
+        keep = [p for p in scn["policies"] if (p["label"] if isinstance(p, dict) else p) in labels]
+        if not keep:
+            continue
+        scn["policies"] = [*keep, "oracle"]
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = Path(tmp) / f"{name}.yaml"
+            spec.write_text(yaml.safe_dump(scn, sort_keys=False), encoding="utf-8")
+            subprocess.run([sys.executable, "-m", "vertical.sim", str(spec), "--out", str(Path(tmp) / "out"),
+                            "--jobs", "2"], check=True)
+            fresh = json.loads((Path(tmp) / "out" / "results.json").read_text())["results"]
+        results = json.loads(path.read_text())
+        results["results"] = [e for e in results["results"] if e["policy"] not in labels]
+        results["results"] += [e for e in fresh if e["policy"] in labels]
+        path.write_text(json.dumps(results, indent=1), encoding="utf-8")
+
+
 def gap_table() -> str:
     rows = ["| scenario | budget | uniform | oracle | adaptive | nutch | optimal before | optimal after |"
             " host ceiling afterwards |",
@@ -209,6 +239,8 @@ if __name__ == "__main__":
         write()
     elif cmd == "run":
         run(sys.argv[2:])
+    elif cmd == "rerun":
+        rerun(sys.argv[2].split(","), sys.argv[3:])
     else:
         table = gap_table()
         (DIR / "gap.md").write_text(table, encoding="utf-8")
