@@ -566,6 +566,8 @@ class FrontierScheduler(BaseScheduler):
             self.stats.inc_value("vertical/sitemap/lastmod_left", len(moved) - len(due))
             if not due:
                 return 0
+            # make_due leaves alone a page fetched after `now`: one another
+            # process fetched since the read above is not brought forward.
             return self._call(self.frontier.make_due, site, due, now, 0.0).addCallback(lambda _: brought(len(due)))
 
         def brought(count: int) -> int:

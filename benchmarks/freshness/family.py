@@ -37,7 +37,7 @@ POLICIES = [
     {"label": "adaptive", "schedule": "adaptive", "priority": "due"},
     {"label": "nutch", "schedule": "nutch", "priority": "due"},
     {"label": "before", "schedule": "optimal", "priority": "due",
-     "schedule_params": {"last_modified": False, "max_share": 1.0, "lastmod_due": "always"}},
+     "schedule_params": {"last_modified": False, "max_share": 1.0, "lastmod_due": "always", "probe": False}},
     {"label": "after", "schedule": "optimal", "priority": "due"},
     "oracle",
 ]

@@ -181,6 +181,7 @@ def probe_interval(
     longest: float,
     horizon: float,
     *,
+    lateness: float = 0.0,
     shrink: Sequence[float] = (4.0, 16.0, 64.0),
 ) -> float | None:
     """An interval shorter than ``interval`` (the Bayes decision for this
@@ -195,14 +196,18 @@ def probe_interval(
     information, in freshness per second) over what the decision is worth
     now, earned for ``horizon`` seconds; it is worth a fetch when that
     exceeds ``mu``. Of ``interval / shrink`` (at least ``shortest``), the
-    one worth most is returned."""
+    one worth most is returned. A crawl behind its due times by
+    ``lateness`` seconds makes the visit that much later than asked: the
+    answer is weighed at that interval, and no probe is sooner than the
+    page's own visit then."""
     now = expected_value(rates, probabilities, mu, interval)
     best, best_gain = None, mu
     for k in shrink:
         tau = max(shortest, interval / k)
-        if tau >= interval:
+        answered = tau + lateness
+        if answered >= interval:
             break
-        stay = [p * math.exp(-r * tau) for p, r in zip(probabilities, rates)]
+        stay = [p * math.exp(-r * answered) for p, r in zip(probabilities, rates)]
         q = sum(stay)
         if not 1e-3 < q < 1 - 1e-3:
             continue  # the answer is known in advance: nothing to learn

@@ -185,11 +185,13 @@ class OptimalSchedule(FetchSchedule):
       (:func:`~vertical.policies.estimate.observe_modified`), and
       :meth:`sitemap_due` decides whether a sitemap's lastmod makes a page
       worth fetching now.
-    * With ``probe`` (off by default) a page found changed at each of its
+    * With ``probe`` (the default) a page found changed at each of its
       last ``probe_after`` or more visits may be visited sooner once, when
       what that visit can tell (worth chasing, or too fast to keep fresh) is
       worth more than a fetch over ``probe_horizon`` (default: the longest
-      delay): see :func:`~vertical.policies.oracle.probe_interval`. Changes
+      delay), weighed at the interval the visit will really come after
+      (:attr:`lateness`: a crawl behind its due times serves a probe that
+      much later): see :func:`~vertical.policies.oracle.probe_interval`. Changes
       a probe finds are kept apart (:data:`~vertical.policies.estimate.PROBE_KEY`):
       pooled with changes weeks apart they would teach nothing.
     * Pages at ``level <= hub_level`` (the entry pages: home page and lists,
@@ -222,7 +224,7 @@ class OptimalSchedule(FetchSchedule):
         family_depth: int = 2,
         family_weight: float = 20.0,
         family_sample: int = 200,
-        probe: bool = False,
+        probe: bool = True,
         probe_horizon: float | None = None,
         probe_after: int = 2,
         **params: Any,
@@ -244,6 +246,8 @@ class OptimalSchedule(FetchSchedule):
         self.probe = bool(probe)
         self.probe_horizon = float(probe_horizon) if probe_horizon else None
         self.probe_after = int(probe_after)
+        #: Seconds the visits of this process come after their due time, on average.
+        self.lateness = 0.0
         #: Host -> its own price of a fetch, for the hosts whose politeness binds.
         self.host_mu: dict[str, float] = {}
         self.max_share = float(max_share)
@@ -496,6 +500,10 @@ class OptimalSchedule(FetchSchedule):
             # The header of this response (the commit sets it before this call).
             modified = parse_http_date(record.last_modified)
             counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
+        if not first:
+            # How far behind its due times the crawl runs (a moving mean over
+            # the last ~100 visits): a probe can be no sooner than that.
+            self.lateness += 0.01 * (max(now - record.next_fetch, 0.0) - self.lateness)
         probed = record.extra.pop(PROBING_KEY, None)
         if not first and not counted:
             if probed and changed:
@@ -520,7 +528,8 @@ class OptimalSchedule(FetchSchedule):
             # one too fast to keep fresh: a sooner visit may (value of sample
             # information against the price of a fetch).
             horizon = self.probe_horizon or self.longest
-            probe = probe_interval(prior.rates, posterior, mu, interval, self.min_delay, self.longest, horizon)
+            probe = probe_interval(prior.rates, posterior, mu, interval, self.min_delay, self.longest, horizon,
+                                   lateness=self.lateness)
             if probe is not None:
                 record.extra[PROBING_KEY] = 1
                 return probe
