@@ -891,6 +891,21 @@ def test_a_probe_is_worth_its_fetch_only_when_its_answer_can_change_the_decision
     assert probe_interval(rates, sure, mu, sure_interval, 3600, 30 * DAY, 30 * DAY) is None
     # Not worth a fetch when its lesson would serve for a moment only.
     assert probe_interval(rates, split, mu, interval, 3600, 30 * DAY, 60.0) is None
+    # Nor when the crawl is so far behind that the probe would come no sooner.
+    assert probe_interval(rates, split, mu, interval, 3600, 30 * DAY, 30 * DAY, lateness=interval) is None
+    late = probe_interval(rates, split, mu, interval, 3600, 30 * DAY, 30 * DAY, lateness=interval / 8)
+    assert late is None or late + interval / 8 < interval
+
+
+def test_the_schedule_knows_how_late_its_visits_come():
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    r = rec(1, level=2)
+    s.set_discovered(r, 0.0)
+    s.set_fetched(r, 0.0, changed=True)
+    assert s.lateness == 0.0  # a first visit is not late
+    for _ in range(3):
+        s.set_fetched(r, r.next_fetch + 5 * DAY, changed=False)
+    assert 0 < s.lateness < 5 * DAY
 
 
 @pytest.mark.parametrize("probe", [True, False])
