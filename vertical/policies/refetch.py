@@ -185,8 +185,8 @@ class OptimalSchedule(FetchSchedule):
       (:func:`~vertical.policies.estimate.observe_modified`), and
       :meth:`sitemap_due` decides whether a sitemap's lastmod makes a page
       worth fetching now.
-    * With ``probe`` (the default) a page found changed at each of its
-      last ``probe_after`` or more visits may be visited sooner once, when
+    * With ``probe`` (the default) a page found changed again, with at
+      least ``probe_after`` changes seen, may be visited sooner once, when
       what that visit can tell (worth chasing, or too fast to keep fresh) is
       worth more than a fetch over ``probe_horizon`` (default: the longest
       delay), weighed at the interval the visit will really come after
