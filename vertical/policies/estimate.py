@@ -133,6 +133,14 @@ def observe(extra: MutableMapping[str, Any], changed: bool, interval: float) -> 
         c[3] += interval
 
 
+def observe_probe(extra: MutableMapping[str, Any], interval: float) -> None:
+    """Add a change found by a probe ``interval`` after the previous visit
+    to the count kept under :data:`PROBE_KEY`."""
+    found = extra.setdefault(PROBE_KEY, [0, 0.0])
+    found[0] += 1
+    found[1] += interval
+
+
 def counts(extra: MutableMapping[str, Any]) -> tuple[int, int, float, float]:
     """``(changed, unchanged, changed_time, unchanged_time)`` so far (zeros
     for a page visited at most once)."""

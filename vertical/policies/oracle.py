@@ -165,10 +165,7 @@ def expected_value(rates: Sequence[float], probabilities: Sequence[float], mu: f
     """Expected freshness less ``mu`` per fetch, per second, of a page
     refetched every ``interval`` whose rate is ``probabilities`` over
     ``rates``: a Poisson page is fresh ``(1 - e^-rT) / rT`` of the time."""
-    fresh = 0.0
-    for p, r in zip(probabilities, rates):
-        x = r * interval
-        fresh += p * (-math.expm1(-x) / x if x > 1e-12 else 1.0)
+    fresh = sum(p * expected_freshness(r, 1.0 / interval) for p, r in zip(probabilities, rates))
     return fresh - mu / interval
 
 

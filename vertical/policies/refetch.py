@@ -25,13 +25,13 @@ from typing import Any
 from vertical.policies.base import FetchSchedule
 from vertical.policies.estimate import (
     MODIFIED_BAD_KEY,
-    PROBE_KEY,
     RateDistribution,
     cho_irregular,
     counts,
     history,
     observe,
     observe_modified,
+    observe_probe,
     parse_http_date,
     url_section,
 )
@@ -507,9 +507,7 @@ class OptimalSchedule(FetchSchedule):
         probed = record.extra.pop(PROBING_KEY, None)
         if not first and not counted:
             if probed and changed:
-                found = record.extra.setdefault(PROBE_KEY, [0, 0.0])
-                found[0] += 1
-                found[1] += now - record.fetch_time
+                observe_probe(record.extra, now - record.fetch_time)
             else:
                 observe(record.extra, changed, now - record.fetch_time)
         mu = self.price(record)
@@ -519,11 +517,12 @@ class OptimalSchedule(FetchSchedule):
             return self.delay_for_rate(self.rate(record), mu)
         prior = self.prior(record)
         seen = history(record.extra)
+        changes = seen[0] + seen[7]  # found by regular visits and by probes
         posterior = prior.posterior(*seen)
         # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = prior.mean(posterior)
         interval = bayes_interval(prior.rates, posterior, mu, self.min_delay, self.longest)
-        if self.probe and changed and seen[0] + seen[7] >= self.probe_after:
+        if self.probe and changed and changes >= self.probe_after:
             # A change at every visit does not tell a page worth chasing from
             # one too fast to keep fresh: a sooner visit may (value of sample
             # information against the price of a fetch).
