@@ -897,6 +897,18 @@ def test_a_probe_is_worth_its_fetch_only_when_its_answer_can_change_the_decision
     assert late is None or late + interval / 8 < interval
 
 
+@pytest.mark.parametrize(("value", "seconds"), [("365d", 365 * DAY), ("52w", 364 * DAY), (3600, 3600.0), (None, None)])
+def test_the_probe_horizon_is_a_duration(value, seconds):
+    assert OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, probe_horizon=value).probe_horizon == seconds
+
+
+@pytest.mark.parametrize(("value", "problem"), [("a year", "probe_horizon: not a duration"),
+                                                (0, "a positive probe_horizon"), (-1, "cannot be negative")])
+def test_a_bad_probe_horizon_is_named(value, problem):
+    with pytest.raises(ValueError, match=problem):
+        OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, probe_horizon=value)
+
+
 def test_the_schedule_knows_how_late_its_visits_come():
     s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
     r = rec(1, level=2)

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from vertical.durations import parse_duration
 from vertical.policies.base import FetchSchedule
 from vertical.policies.estimate import (
     MODIFIED_BAD_KEY,
@@ -188,8 +189,9 @@ class OptimalSchedule(FetchSchedule):
     * With ``probe`` (the default) a page found changed again, with at
       least ``probe_after`` changes seen, may be visited sooner once, when
       what that visit can tell (worth chasing, or too fast to keep fresh) is
-      worth more than a fetch over ``probe_horizon`` (default: the longest
-      delay), weighed at the interval the visit will really come after
+      worth more than a fetch over ``probe_horizon`` (a duration; default:
+      the longest delay, which suits a crawl of a few months; a crawl that
+      runs for years gains from a year), weighed at the interval the visit will really come after
       (:attr:`lateness`: a crawl behind its due times serves a probe that
       much later): see :func:`~vertical.policies.oracle.probe_interval`. Changes
       a probe finds are kept apart (:data:`~vertical.policies.estimate.PROBE_KEY`):
@@ -232,7 +234,12 @@ class OptimalSchedule(FetchSchedule):
         super().__init__(initial, min_delay, max_delay, factor, **params)
         if families < 0 or family_depth < 1 or family_weight < 0 or family_sample < 1:
             raise ValueError("optimal: need families >= 0, family_depth >= 1, family_weight >= 0, family_sample >= 1")
-        if probe_after < 1 or (probe_horizon is not None and float(probe_horizon) <= 0):
+        if probe_horizon is not None:  # a duration, as the site config's other delays ("365d")
+            try:
+                probe_horizon = parse_duration(probe_horizon)
+            except ValueError as exc:
+                raise ValueError(f"optimal: probe_horizon: {exc}") from None
+        if probe_after < 1 or probe_horizon == 0:
             raise ValueError("optimal: need probe_after >= 1 and a positive probe_horizon")
         if prior_weight < 0:
             raise ValueError("optimal: prior_weight must not be negative")
@@ -244,7 +251,7 @@ class OptimalSchedule(FetchSchedule):
             raise ValueError("optimal: lastmod_due must be worth, always or never")
         self.lastmod_due = lastmod_due
         self.probe = bool(probe)
-        self.probe_horizon = float(probe_horizon) if probe_horizon else None
+        self.probe_horizon = probe_horizon
         self.probe_after = int(probe_after)
         #: Seconds the visits of this process come after their due time, on average.
         self.lateness = 0.0
