@@ -191,10 +191,11 @@ class OptimalSchedule(FetchSchedule):
       what that visit can tell (worth chasing, or too fast to keep fresh) is
       worth more than a fetch over ``probe_horizon`` (a duration; default:
       the longest delay, which suits a crawl of a few months; a crawl that
-      runs for years gains from a year), weighed at the interval the visit will really come after
-      (:attr:`lateness`: a crawl behind its due times serves a probe that
-      much later): see :func:`~vertical.policies.oracle.probe_interval`. Changes
-      a probe finds are kept apart (:data:`~vertical.policies.estimate.PROBE_KEY`):
+      runs for years gains from a year), weighed at the interval the visit
+      will really come after (:attr:`lateness`: a crawl behind its due
+      times serves a probe that much later): see
+      :func:`~vertical.policies.oracle.probe_interval`. Changes a probe
+      finds are kept apart (:data:`~vertical.policies.estimate.PROBE_KEY`):
       pooled with changes weeks apart they would teach nothing.
     * Pages at ``level <= hub_level`` (the entry pages: home page and lists,
       which announce new pages) are not chased for their own freshness but
@@ -227,7 +228,7 @@ class OptimalSchedule(FetchSchedule):
         family_weight: float = 20.0,
         family_sample: int = 200,
         probe: bool = True,
-        probe_horizon: float | None = None,
+        probe_horizon: float | str | None = None,
         probe_after: int = 2,
         **params: Any,
     ) -> None:
