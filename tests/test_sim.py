@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -65,6 +66,16 @@ def test_same_seed_same_events():
     spec = PolicySpec("optimal", "optimal", "due")
     one, two = simulate(a, spec, 0.5, scn), simulate(b, spec, 0.5, scn)
     assert np.array_equal(one.pages, two.pages) and np.array_equal(one.times, two.times)
+
+
+def test_the_score_is_the_same_for_a_horizon_given_in_whole_days():
+    """A scenario built in code may give its horizon as an int: the score
+    must not truncate fetch times to whole days with it."""
+    scn = parse_scenario({**SMALL, "seeds": [1]})
+    site = make_site(scn, 1)
+    log = simulate(site, PolicySpec("optimal", "optimal", "due"), 0.5, scn)
+    whole = dataclasses.replace(site, horizon=int(site.horizon))
+    assert score(whole, log, int(scn.warmup_days)) == score(site, log, scn.warmup_days)
 
 
 def test_round_robin_matches_the_closed_form():

@@ -58,7 +58,7 @@ def _age_integral(base: np.ndarray, start: np.ndarray, end: np.ndarray, lo: floa
 
 def score(site: Site, log: FetchLog, warmup: float) -> RunMetrics:
     """Every metric of one run (see the module docstring)."""
-    H, W = site.horizon, warmup
+    H, W = float(site.horizon), float(warmup)  # an int horizon would make nxt an int array
     n, first_new = site.n, site.first_new
     created = site.created
     owner = np.repeat(np.arange(n), np.diff(site.offsets))
