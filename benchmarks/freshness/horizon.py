@@ -20,19 +20,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from vertical.sim.engine import DAY, PolicySpec  # noqa: E402
+from vertical.sim.engine import DAY, policy_specs  # noqa: E402
 from vertical.sim.runner import _job  # noqa: E402
 from vertical.sim.scenario import load_scenario  # noqa: E402
 
 WINDOWS = {120: (120, 50), 500: (500, 250)}
 CELLS = [f"{name}:{budget}" for name in ("lognormal-s40", "weibull0.5-s0", "pareto1.0-s40", "sections-strong",
                                          "weibull1.0-s20-new", "weibull1.5-s60") for budget in ("0.02", "0.05")]
-POLICIES = {
-    "uniform": PolicySpec("uniform", "fixed", "uniform", {"initial": 0.0, "min_delay": 0.0}),
-    "oracle": PolicySpec("oracle", "oracle", "due", oracle="freshness"),
-    "default": PolicySpec("default", "optimal", "due"),
-    "year": PolicySpec("year", "optimal", "due", {"probe_horizon": 365 * DAY, "probe_after": 1}),
-}
+#: Column -> the family's policy it runs (``after`` is the default schedule), and
+#: the schedule parameters set on top of it.
+POLICIES = {"uniform": ("uniform", {}), "oracle": ("oracle", {}), "default": ("after", {}),
+            "year": ("after", {"probe_horizon": 365 * DAY, "probe_after": 1})}
 
 
 def _run(task: tuple[str, float, int, str, int]) -> float:
@@ -40,7 +38,10 @@ def _run(task: tuple[str, float, int, str, int]) -> float:
     horizon, warmup = WINDOWS[window]
     scn = dataclasses.replace(load_scenario(HERE / "family" / f"{name}.yaml"), horizon_days=horizon,
                               warmup_days=warmup)
-    return _job(scn, seed, POLICIES[label], budget)["freshness"]
+    family_label, params = POLICIES[label]
+    spec = next(s for s in policy_specs(scn) if s.label == family_label)
+    spec = dataclasses.replace(spec, schedule_params={**spec.schedule_params, **params})
+    return _job(scn, seed, spec, budget)["freshness"]
 
 
 def main(argv: list[str]) -> None:
