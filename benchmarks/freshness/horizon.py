@@ -27,10 +27,10 @@ from vertical.sim.scenario import load_scenario  # noqa: E402
 WINDOWS = {120: (120, 50), 500: (500, 250)}
 CELLS = [f"{name}:{budget}" for name in ("lognormal-s40", "weibull0.5-s0", "pareto1.0-s40", "sections-strong",
                                          "weibull1.0-s20-new", "weibull1.5-s60") for budget in ("0.02", "0.05")]
-#: Column -> the family's policy it runs (``after`` is the default schedule), and
-#: the schedule parameters set on top of it.
-POLICIES = {"uniform": ("uniform", {}), "oracle": ("oracle", {}), "default": ("after", {}),
-            "year": ("after", {"probe_horizon": 365 * DAY, "probe_after": 1})}
+#: Column -> the scenario's policy it runs (``None``: its optimal schedule as it
+#: is by default, ``after`` or ``sections``), and the schedule parameters set on top.
+POLICIES = {"uniform": ("uniform", {}), "oracle": ("oracle", {}), "default": (None, {}),
+            "year": (None, {"probe_horizon": 365 * DAY, "probe_after": 1})}
 
 
 def _run(task: tuple[str, float, int, str, int]) -> float:
@@ -39,7 +39,8 @@ def _run(task: tuple[str, float, int, str, int]) -> float:
     scn = dataclasses.replace(load_scenario(HERE / "family" / f"{name}.yaml"), horizon_days=horizon,
                               warmup_days=warmup)
     family_label, params = POLICIES[label]
-    spec = next(s for s in policy_specs(scn) if s.label == family_label)
+    spec = next(s for s in policy_specs(scn) if s.label == family_label
+                or (family_label is None and s.schedule == "optimal" and not s.schedule_params))
     spec = dataclasses.replace(spec, schedule_params={**spec.schedule_params, **params})
     return _job(scn, seed, spec, budget)["freshness"]
 
