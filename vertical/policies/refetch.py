@@ -187,9 +187,10 @@ class OptimalSchedule(FetchSchedule):
       :meth:`sitemap_due` decides whether a sitemap's lastmod makes a page
       worth fetching now.
     * With ``probe`` (the default) a page found changed again, with at
-      least ``probe_after`` changes seen, may be visited sooner once, when
-      what that visit can tell (worth chasing, or too fast to keep fresh) is
-      worth more than a fetch over ``probe_horizon`` (a duration; default:
+      least ``probe_after`` changes seen, may be visited sooner (one visit;
+      a change it finds may call for another), when what that visit can
+      tell (worth chasing, or too fast to keep fresh) is worth more than a
+      fetch over ``probe_horizon`` (a duration; default:
       the longest delay, which suits a crawl of a few months; a crawl that
       runs for years gains from a year), weighed at the interval the visit
       will really come after (:attr:`lateness`: a crawl behind its due
