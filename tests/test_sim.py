@@ -155,6 +155,25 @@ def test_site_budget_in_fetches_per_day_is_spent_whatever_the_site_grows_to():
     assert np.histogram(grown.times, bins=[19, 20])[0][0] > 41
 
 
+def test_a_work_conserving_crawler_spends_the_budget_left_when_nothing_is_due(monkeypatch):
+    """A fixed schedule slower than the budget leaves it idle; with
+    ``WORK_CONSERVING`` the soonest-due pages are fetched early instead, and
+    never more than the budget."""
+    from vertical.sim import engine
+
+    scn = parse_scenario({**SMALL, "hubs": {"count": 0, "new_pages_per_day": 0}, "seeds": [1]})
+    site = make_site(scn, 1)
+    weekly = PolicySpec("weekly", "fixed", "due", {"initial": 7 * 86400})
+    idle = simulate(site, weekly, 1.0, scn)
+    monkeypatch.setattr(engine, "WORK_CONSERVING", True)
+    busy = simulate(site, weekly, 1.0, scn)
+    days = np.arange(5, 21)
+    assert np.histogram(idle.times, bins=days)[0].sum() < 0.2 * scn.pages * (len(days) - 1)  # a visit a week
+    spent = np.histogram(busy.times, bins=days)[0]
+    assert spent.min() >= scn.pages - 1 and spent.max() <= scn.pages + 1
+    assert score(site, busy, scn.warmup_days).freshness > score(site, idle, scn.warmup_days).freshness
+
+
 def test_site_budget_key_is_validated():
     with pytest.raises(ScenarioError, match="fetches_per_day"):
         parse_scenario({**SMALL, "budget": {"fetches_per_day": [40], "fetches_per_page_per_day": [1]}})

@@ -37,6 +37,11 @@ from vertical.sim.site import Site
 __all__ = ["FetchLog", "PolicySpec", "policy_specs", "simulate"]
 
 DAY = 86400.0
+#: Budget left in a tick with nothing due is lost, as a crawler idles when
+#: nothing is due (a paced continuous crawl loses its idle tokens). True makes
+#: the simulated crawler work-conserving: it fetches the soonest-due pages
+#: early instead (benchmarks/freshness/plan.py --early).
+WORK_CONSERVING = False
 #: The share of the budget the oracle may spend on keeping every page within
 #: refetch.max (OptimalSchedule's ``max_share`` default).
 ORACLE_MAX_SHARE = 0.5
@@ -337,7 +342,15 @@ def simulate(
         if host_of is not None:
             for h, cap in enumerate(host_caps):  # idle politeness is lost, like idle budget
                 host_tokens[h] = min(host_tokens[h] + cap * tick, cap * tick + 1.0)
-        while pheap and tokens >= threshold:
+        while tokens >= threshold:
+            if not pheap:
+                if not (WORK_CONSERVING and theap and host_of is None):
+                    break
+                due, i = heappop(theap)  # nothing due: the soonest-due page, early
+                if due != recs[i].next_fetch:
+                    continue
+                heappush(pheap, (-recs[i].priority, i))
+                queued[i] = 1
             neg, i = heappop(pheap)
             rec = recs[i]
             if not queued[i] or -neg != rec.priority:
