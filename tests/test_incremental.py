@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import signal
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from tests.crawling import crawl, kill, site_file, start_crawl, wait_for
+from tests.crawling import collect, crawl, kill, site_file, start_crawl, wait_for
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
 from vertical.frontier.sqlite import SQLiteFrontier
@@ -146,6 +148,38 @@ def test_default_schedule_learns_the_sites_change_rates(demo, tmp_path):
     quiet = [r for p, r in after.items() if p.startswith("/film/") and "chg" in r.extra
              and int(p.rsplit("/", 1)[1]) not in plan["changed"] + plan["gone"]]
     assert quiet and all(changed.extra["rate"] > r.extra["rate"] for r in quiet)
+
+
+def test_a_continuous_crawl_refits_its_schedule_to_what_it_learns(demo, tmp_path):
+    """A continuous crawl opens once: now and then (``VERTICAL_REFIT_INTERVAL``)
+    it refits its schedule to the store as it is, as a run of another mode
+    does when it opens. Opened on an empty store, the price of a fetch is
+    fitted to no pages (nothing is too dear: 0 s); refitted to the site's
+    pages and a budget of 100 fetches a day, it is not."""
+    site = site_file(tmp_path, demo.url, refetch={"schedule": None, "initial": "1d", "min": "1h", "max": "30d",
+                                                  "budget": "100/d"})
+    store = tmp_path / "f.sqlite3"
+    proc = start_crawl(site, store, tmp_path, args={"mode": "continuous"}, settings={"VERTICAL_REFIT_INTERVAL": 0.5})
+    try:
+        # Paced at 100 fetches a day, it fetches the home page and waits; the
+        # refits see the pages it links to.
+        wait_for(lambda: re.search(r"priced at [1-9]", log(tmp_path)), timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    result = collect(tmp_path, proc.returncode)
+    assert result.returncode == 0
+    assert result.stat("vertical/schedule/refits") >= 1
+    assert not result.stats.get("vertical/store/failed/refit")
+    fits = [(int(n), float(price)) for n, price in re.findall(r"fitted to (\d+) records: a fetch is priced at (\S+) s",
+                                                                result.log)]
+    assert fits[0] == (0, 0.0)
+    assert fits[-1][0] > 0 and fits[-1][1] > 0
+
+
+def log(workdir: Path) -> str:
+    path = workdir / "crawl.log"
+    return path.read_text() if path.exists() else ""
 
 
 def first_fields(result, url: str) -> dict:

@@ -93,6 +93,7 @@ META_DUPLICATE = "vertical.duplicate_of"  # set on a response whose content anot
 _POLL = 1.0  # seconds between store polls when nothing was claimable
 LEARN_SAMPLE = 2000  # records a learning schedule sees at open (the site's rates)
 LEARN_ITERATIONS = 20  # its EM steps then, from the weights of the last run
+REFIT_ITERATIONS = 5  # a continuous crawl's refit: from weights already warm
 CRAWL_DELAYS_KEY = "crawl_delays"  # site meta: host -> the Crawl-delay its robots.txt last gave
 #: A host's queue holds about this many seconds of its fetches (at its delay
 #: and concurrency): claim no more, so that other processes find work too.
@@ -185,6 +186,7 @@ class FrontierScheduler(BaseScheduler):
         self._heartbeat: task.LoopingCall | None = None
         self._poll_call: Any = None  # the wake-up of the next store poll (IDelayedCall)
         self._seen_saver: task.LoopingCall | None = None
+        self._refitter: task.LoopingCall | None = None
         self._seen_saving = False
         self._opened_state: dict[str, Any] = {}
         self._handed_out = 0
@@ -202,6 +204,7 @@ class FrontierScheduler(BaseScheduler):
         self._refilling = False
         self._checking_due = False
         self._beating = False
+        self._refitting = False
         self._closing = False
         # When each queued claim was asked for, and the last renewal of all
         # held claims the store confirmed (monotonic clock): the lease of a
@@ -296,6 +299,9 @@ class FrontierScheduler(BaseScheduler):
         if interval := self._settings.getfloat("VERTICAL_SEEN_SAVE"):
             self._seen_saver = task.LoopingCall(self._save_seen)
             self._seen_saver.start(interval, now=False)
+        if self.continuous and (interval := self._settings.getfloat("VERTICAL_REFIT_INTERVAL")):
+            self._refitter = task.LoopingCall(self._refit)
+            self._refitter.start(interval, now=False)
         logger.info("Frontier %s: %d records of site %r, lane %s, owner %s",
                     self.frontier.uri, records, site.name, self.lane.name, self.owner)
 
@@ -332,19 +338,22 @@ class FrontierScheduler(BaseScheduler):
         self._budget = {"per_day": per_day, "asked": asked, "ceiling": ceiling}
         return per_day
 
-    async def _fit_schedule(self, records: int, per_day: float) -> None:
+    async def _fit_schedule(self, records: int, per_day: float, iterations: int = LEARN_ITERATIONS) -> None:
         """Let a learning schedule see a sample of the site's records (its
         distribution of change rates) and fit the price of a fetch to the
         site's budget: *per_day* fetches."""
         sample: list[URLRecord] = []
         if hasattr(self.schedule, "learn") and records:
             sample = await self._call(self.frontier.sample, self.site.name, LEARN_SAMPLE)
-            # Once a run: enough EM steps to settle from the persisted weights.
-            used = self.schedule.learn(sample, iterations=LEARN_ITERATIONS, sample=LEARN_SAMPLE)
+            # At open, enough EM steps to settle from the persisted weights.
+            used = self.schedule.learn(sample, iterations=iterations, sample=LEARN_SAMPLE)
             self.stats.set_value("vertical/schedule/learned_from", used)
         self._crawl_delays = await self._call(self.frontier.get_meta, self.site.name, CRAWL_DELAYS_KEY) or {}
         self._fit = (records, per_day, sample)
         self._fit_budget()
+        if (price := getattr(self.schedule, "mu", None)) is not None:
+            logger.info("Schedule of site %r fitted to %d records: a fetch is priced at %.0f s of freshness",
+                        self.site.name, records, price)
 
     def _fit_budget(self) -> None:
         """Fit the schedule's price of a fetch to the budget, and, on a site
@@ -438,8 +447,9 @@ class FrontierScheduler(BaseScheduler):
         if hasattr(self.schedule, "state"):
             merges.append((f"schedule.{self.schedule.name}",
                            lambda stored: self.schedule.merge_state(stored, opened.get("schedule"))))
-        if self._seen_saver is not None and self._seen_saver.running:
-            self._seen_saver.stop()
+        for loop in (self._seen_saver, self._refitter):
+            if loop is not None and loop.running:
+                loop.stop()
 
         def leave() -> None:  # on the store thread, after every write before it
             self.frontier.release(site, self.owner)
@@ -972,6 +982,27 @@ class FrontierScheduler(BaseScheduler):
                 self.store_failed("seen", result)
 
         return self._call(self.seen_keeper.save).addBoth(done)
+
+    def _refit(self) -> Deferred[None] | None:
+        """Refit the schedule as a run does when it opens (the simulator's
+        daily ``set_budget``): a continuous crawl never opens again, and
+        without this it would price every fetch by what the store held at
+        its start (on an empty store: the whole budget for one page)."""
+        if self._refitting or self.store is None or self._closing:
+            return None
+        self._refitting = True
+
+        async def refit() -> None:
+            records = await self._call(self.frontier.count, self.site.name)
+            await self._fit_schedule(records, self._budget["per_day"], iterations=REFIT_ITERATIONS)
+            self.stats.inc_value("vertical/schedule/refits")
+
+        def done(result: Any) -> None:
+            self._refitting = False
+            if isinstance(result, Failure):
+                self.store_failed("refit", result)
+
+        return Deferred.fromCoroutine(refit()).addBoth(done)
 
     def _dead_here(self) -> list[str]:
         """Owners that ran on this machine and whose process is gone."""

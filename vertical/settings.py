@@ -42,6 +42,10 @@ VERTICAL_SEEN_ERROR_RATE = 0.001
 VERTICAL_SEEN_CACHE = 2**18
 # Seconds between saves of the seen filter with the store (0: at close only).
 VERTICAL_SEEN_SAVE = 600.0
+# Seconds between refits of a continuous crawl's schedule to what it learned
+# since it opened: the site's change rates and the price of a fetch (0: at
+# open only; a run of another mode refits when the next one opens).
+VERTICAL_REFIT_INTERVAL = 86400.0
 
 # Final stats as JSON, when set (for scripts and Scrapyd monitors).
 VERTICAL_STATS_FILE = None
