@@ -69,6 +69,17 @@ def test_pacer_bursts_at_least_one_fetch_and_never_stores_more():
     assert not pacer.ready(7 * DAY + 1)
 
 
+def test_pacer_shares_the_budget_from_the_moment_it_is_told():
+    pacer = BudgetPacer(8640.0, now=0.0)  # 0.1 a second, a burst of one
+    pacer.spend()
+    pacer.share(2, now=5.0)  # half a token accrued at the whole rate
+    assert pacer.rate == pytest.approx(0.05) and pacer.processes == 2
+    assert not pacer.ready(14.9)  # then 0.05 a second: 0.5 + 0.495
+    assert pacer.ready(15.1)
+    pacer.share(1, now=15.1)  # alone again: the whole budget
+    assert pacer.rate == pytest.approx(0.1)
+
+
 def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
     """A site of 300 films that the crawl could fetch in seconds; a budget of
     43,200 fetches a day (one every 2 s). Whatever the crawl's window, the
@@ -117,6 +128,44 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     assert f"of a budget of {per_day:g} a day" in text
+
+
+def test_continuous_crawl_processes_share_one_budget(tmp_path):
+    """Two continuous processes of one site spend one budget between them,
+    not one each: each paces at its share of the live processes (counted at
+    every heartbeat). Measured at the server once both have spent their
+    first burst: the pages answered in a window of ``t`` seconds are the
+    budget's share of it, give or take a fetch per process."""
+    per_day = 43200.0
+    rate = per_day / DAY
+    burst = max(1.0, rate * PACE_BURST)
+    with serve(DemoSite(seed=0, films=300)) as server:
+        store = tmp_path / "f.sqlite3"
+        (tmp_path / "first").mkdir()
+        crawl(site_file(tmp_path / "first", server.url, politeness={"delay": 0.0, "concurrency": 2}), store,
+              tmp_path, tag="0")  # every page once: a day later all are due
+        server.clear_log()
+        # A politeness delay that keeps each process's claims to a share of
+        # the site (a queue holds 30 s of fetches), so that both have work.
+        site = site_file(tmp_path, server.url, politeness={"delay": 0.5, "concurrency": 2},
+                         refetch={"budget": f"{per_day:g}/d"})
+        settings = {"VERTICAL_TIME_OFFSET": 2 * DAY, "VERTICAL_HEARTBEAT": 1}
+        procs = [start_crawl(site, store, tmp_path / f"p{i}", args={"mode": "continuous"}, settings=settings)
+                 for i in range(2)]
+        try:
+            pages = lambda: [r for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
+            wait_for(lambda: len(pages()) >= 2 * burst + 3, timeout=120)
+            begun, before = time.time(), len(pages())
+            time.sleep(3 * PACE_BURST)
+            ended, after = time.time(), len(pages())
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=60)
+        assert [proc.returncode for proc in procs] == [0, 0]
+        print(f"{after - before} pages in {ended - begun:.1f}s; the budget's share {rate * (ended - begun):.1f}")
+        assert after - before <= rate * (ended - begun) + 2
 
 
 def test_a_budget_above_politeness_is_capped_and_said(tmp_path):

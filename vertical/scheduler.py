@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from vertical.config import SiteConfig
+    from vertical.frontier.base import OwnerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -118,10 +119,25 @@ class BudgetPacer:
     """
 
     def __init__(self, per_day: float, now: float, burst_seconds: float = PACE_BURST) -> None:
+        self.per_day = per_day
+        self.burst_seconds = burst_seconds
+        self.processes = 1
         self.rate = per_day / 86400.0
         self.burst = max(1.0, self.rate * burst_seconds)
         self.tokens = self.burst
         self._at = now
+
+    def share(self, processes: int, now: float) -> None:
+        """Spend ``1 / processes`` of the budget from ``now`` on: the site's
+        live crawl processes share one budget, each pacing its part."""
+        processes = max(1, processes)
+        if processes == self.processes:
+            return
+        self.ready(now)  # what accrued until now, at the old rate
+        self.processes = processes
+        self.rate = self.per_day / processes / 86400.0
+        self.burst = max(1.0, self.rate * self.burst_seconds)
+        self.tokens = min(self.tokens, self.burst)
 
     def ready(self, now: float) -> bool:
         """Whether a fetch may be taken now (spend it with :meth:`spend`)."""
@@ -946,15 +962,22 @@ class FrontierScheduler(BaseScheduler):
         d.addBoth(self._beat_done)
         return d
 
-    def _beat_here(self, info: dict[str, Any], held: list[int]) -> list[str]:
-        """The heartbeat's store calls (on the store thread)."""
+    def _beat_here(self, info: dict[str, Any], held: list[int]) -> tuple[list[str], int]:
+        """The heartbeat's store calls (on the store thread). Returns the
+        owners reaped and how many live processes crawl the site."""
         site, frontier = self.site.name, self.frontier
         frontier.heartbeat(site, self.owner, self.heartbeat * MISSED_HEARTBEATS, info)
         if held:
             frontier.renew(site, self.owner, held, self.lease)
-        return frontier.reap(site, dead=self._dead_here())
+        owners = frontier.owners(site)
+        dead = frontier.reap(site, dead=self._dead_here(owners))
+        return dead, sum(1 for o in owners if o.alive and o.owner not in dead)
 
-    def _beaten(self, dead: list[str], asked: float, held: list[int]) -> None:
+    def _beaten(self, beat: tuple[list[str], int], asked: float, held: list[int]) -> None:
+        dead, processes = beat
+        if self.pacer is not None:
+            self.pacer.share(processes, self.now())
+            self.stats.set_value("vertical/budget/processes", self.pacer.processes)
         # Every claim held when the beat was sent runs a lease from then on.
         self._renewed_at = asked
         if held:
@@ -1004,11 +1027,11 @@ class FrontierScheduler(BaseScheduler):
 
         return Deferred.fromCoroutine(refit()).addBoth(done)
 
-    def _dead_here(self) -> list[str]:
-        """Owners that ran on this machine and whose process is gone."""
+    def _dead_here(self, owners: Iterable[OwnerInfo]) -> list[str]:
+        """Of ``owners``, those that ran on this machine and whose process is gone."""
         here = socket.gethostname()
         dead = []
-        for owner in self.frontier.owners(self.site.name):
+        for owner in owners:
             info = owner.info or {}
             if owner.owner == self.owner or info.get("host") != here or not info.get("pid"):
                 continue
