@@ -115,7 +115,8 @@ class BudgetPacer:
     scheduler's due clock, so ``VERTICAL_TIME_OFFSET`` replays pace alike) up
     to ``burst`` (at least one fetch). The bucket starts full, so in any
     window of ``t`` seconds at most ``burst + per_day * t / 86400`` fetches
-    are taken: within a day, the budget plus one burst.
+    are taken: within a day, the budget plus one burst. A site crawled by
+    ``n`` processes paces ``per_day / n`` in each (:meth:`share`).
     """
 
     def __init__(self, per_day: float, now: float, burst_seconds: float = PACE_BURST) -> None:
