@@ -918,6 +918,10 @@ def test_the_schedule_knows_how_late_its_visits_come():
     for _ in range(3):
         s.set_fetched(r, r.next_fetch + 5 * DAY, changed=False)
     assert 0 < s.lateness < 5 * DAY
+    # Kept with the schedule's state: the next run starts as late.
+    later = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    later.load_state(s.state())
+    assert later.lateness == s.lateness
 
 
 @pytest.mark.parametrize("probe", [True, False])

@@ -560,9 +560,11 @@ class OptimalSchedule(FetchSchedule):
         return self.clamp(min(math.sqrt(2.0 * mu / rate), self.hub_changes / rate))
 
     def state(self) -> dict[str, Any]:
-        """``mu`` and the learned distribution of rates, for the frontier to
-        persist between runs."""
-        state: dict[str, Any] = {"mu": self.mu}
+        """``mu``, the lateness and the learned distribution of rates, for
+        the frontier to persist between runs."""
+        # Lateness too: a run of another mode starts where the last one
+        # left it, or each would weigh its probes as if it were on time.
+        state: dict[str, Any] = {"mu": self.mu, "lateness": self.lateness}
         if self.population is not None:
             state["population"] = list(self.population.weights)
         if self.family_priors:
@@ -580,10 +582,11 @@ class OptimalSchedule(FetchSchedule):
         if not stored or not isinstance(stored, dict) or stored == opened:
             return current  # nobody else wrote since this run loaded it
         merged = dict(stored)
-        try:
-            merged["mu"] = (float(stored.get("mu", current["mu"])) + current["mu"]) / 2
-        except (TypeError, ValueError):
-            merged["mu"] = current["mu"]
+        for key in ("mu", "lateness"):
+            try:
+                merged[key] = (float(stored.get(key, current[key])) + current[key]) / 2
+            except (TypeError, ValueError):
+                merged[key] = current[key]
         mine, theirs = current.get("population"), stored.get("population")
         if mine and isinstance(theirs, list) and len(theirs) == len(mine):
             merged["population"] = [(float(a) + b) / 2 for a, b in zip(theirs, mine, strict=True)]
@@ -605,6 +608,7 @@ class OptimalSchedule(FetchSchedule):
         if not state:
             return
         self.mu = float(state.get("mu", self.mu))
+        self.lateness = float(state.get("lateness", self.lateness))
         weights = state.get("population")
         if self.population is not None and weights:
             try:
