@@ -1,22 +1,26 @@
 """``refetch.budget``: the fetches a day the user grants a site. The config
-key, the token bucket that paces a continuous crawl, and a real continuous
-crawl whose fetches, counted at the server, stay within the budget."""
+key, the token bucket that paces a continuous crawl, the allowance that
+runs of the other modes draw from, and real crawls whose fetches, counted
+at the server, stay within the budget."""
 
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+import yaml
 
 from tests.crawling import REPO, crawl, site_file, start_crawl, wait_for
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
-from vertical.demo.site import DemoSite
-from vertical.scheduler import PACE_BURST, BudgetPacer
+from vertical.demo.site import DemoResponse, DemoSite
+from vertical.frontier.sqlite import SQLiteFrontier
+from vertical.budget import ALLOWANCE_KEY, PACE_BURST, BudgetPacer, RunAllowance, draw
 
 START = {"start_urls": ["http://a.example/"]}
 DAY = 86400.0
@@ -175,3 +179,141 @@ def test_a_budget_above_politeness_is_capped_and_said(tmp_path):
         result = crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"pages": 1})
     assert result.stats["vertical/budget/per_day"] == DAY  # one a second
     assert "more than its politeness allows" in result.log
+
+
+# -- the allowance of runs that end ----------------------------------------------------
+
+
+def test_allowance_starts_with_a_day_and_fills_at_the_budget_rate():
+    state = draw(None, 10, now=1000.0, per_day=24.0)  # none stored yet: a full day
+    assert state == {"tokens": 14.0, "at": 1000.0, "drawn": 10.0}
+    state = draw(state, 30, now=1000.0 + 3600.0, per_day=24.0)  # an hour later: one more
+    assert state["drawn"] == 15.0 and state["tokens"] == pytest.approx(0.0)
+    # Whole fetches only: half an hour accrues half of one.
+    state = draw(state, 1, now=1000.0 + 5400.0, per_day=24.0)
+    assert state["drawn"] == 0.0 and state["tokens"] == pytest.approx(0.5)
+    # A week idle buys one day's budget, not seven.
+    assert draw(state, 1000, now=8 * DAY, per_day=24.0)["drawn"] == 24.0
+
+
+def test_allowance_takes_back_what_a_run_did_not_spend():
+    state = draw(None, 20, now=0.0, per_day=24.0)
+    state = draw(state, -15, now=60.0, per_day=24.0)  # given back a minute later
+    assert state["drawn"] == 0.0 and state["tokens"] == pytest.approx(19.0 + 60 * 24 / DAY)
+    # Never above a day's budget.
+    assert draw(state, -100, now=60.0, per_day=24.0)["tokens"] == 24.0
+
+
+def test_allowance_counts_each_second_once_whatever_the_clocks():
+    # Two processes whose clocks differ by an hour (VERTICAL_TIME_OFFSET):
+    # the one behind sees no time pass, the one ahead sees its own hour once.
+    state = draw(None, 24, now=DAY + 3600.0, per_day=24.0)
+    behind = draw(state, 5, now=DAY, per_day=24.0)
+    assert behind["drawn"] == 0.0 and behind["at"] == DAY + 3600.0
+    assert draw(behind, 5, now=DAY + 7200.0, per_day=24.0)["drawn"] == 1.0
+
+
+def test_allowance_is_a_pure_function_of_what_is_stored():
+    # update_meta may call it again after a conflict: same answer, no state.
+    stored = {"tokens": 3.5, "at": 50.0, "drawn": 1.0}
+    assert draw(stored, 2, now=60.0, per_day=240.0) == draw(stored, 2, now=60.0, per_day=240.0)
+    assert stored == {"tokens": 3.5, "at": 50.0, "drawn": 1.0}
+    # Something else under the key (a hand-edited store): a full day again.
+    assert draw("junk", 1, now=0.0, per_day=10.0) == {"tokens": 9.0, "at": 0.0, "drawn": 1.0}
+
+
+def test_a_run_draws_a_hundredth_of_a_day_at_a_time():
+    assert RunAllowance(24.0, batch=256).chunk == 1
+    assert RunAllowance(5000.0, batch=256).chunk == 50
+    assert RunAllowance(1e6, batch=256).chunk == 256
+    run = RunAllowance(5000.0, batch=256)
+    assert run.wants() and not run.exhausted
+    run.drawn({"tokens": 0.0, "at": 0.0, "drawn": 30.0})
+    assert not run.wants()  # more than half a chunk held
+    run.held -= 10
+    assert run.wants()  # the next, before the last is spent
+    run.drawn({"tokens": 0.0, "at": 0.0, "drawn": 0.0})  # the site's allowance is empty
+    assert run.spent and not run.wants() and not run.exhausted  # 20 still held
+    run.held = 0.0
+    assert run.exhausted
+
+
+class LibrarySite:
+    """A home page listing 100 documents that never change: more is due
+    than a small budget pays for, and nothing fails (every page request the
+    server answers is one fetch of the budget)."""
+
+    def render(self, path, host="", headers=None, step=None):
+        html = {"Content-Type": "text/html; charset=utf-8"}
+        if path == "/robots.txt":
+            return DemoResponse(200, {"Content-Type": "text/plain"}, b"User-agent: *\nDisallow:\n")
+        if path == "/":
+            links = " ".join(f'<a href="/doc/{i}">{i}</a>' for i in range(100))
+            return DemoResponse(200, html, f"<html><body>{links}</body></html>".encode())
+        if path.startswith("/doc/") and path[5:].isdigit() and int(path[5:]) < 100:
+            return DemoResponse(200, html, f"<html><body><h1>Document {path[5:]}</h1></body></html>".encode())
+        return DemoResponse(404, html, b"<h1>Not found</h1>")
+
+
+def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path):
+    """Runs of the default mode (a cron tick each) keep to ``refetch.budget``
+    between them: the site's allowance holds a day's budget at most and
+    fills at the budget's rate; two processes at once share it; what a run
+    drew and did not fetch goes back. Counted at the server, on a clock
+    moved forward between runs (a run takes seconds: at 24 a day, far less
+    than a fetch)."""
+    per_day = 24
+    with serve(LibrarySite()) as server:
+        config = tmp_path / "library.yaml"
+        config.write_text(yaml.safe_dump({
+            "name": "library",
+            "start_urls": [f"{server.url}/"],
+            "allowed_domains": ["127.0.0.1"],
+            "documents": [{"name": "doc", "match": r"/doc/\\d+$", "fields": {"title": "//h1/text()"}}],
+            "refetch": {"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
+            "politeness": {"delay": 0, "concurrency": 4},
+        }))
+        store = tmp_path / "f.sqlite3"
+        pages = lambda: sum(1 for r in server.requests if r["path"] != "/robots.txt")  # noqa: E731
+
+        spent = []  # whether each single run ended on the allowance
+
+        def run(offset: float, tag: str, processes: int = 1) -> int:
+            server.clear_log()
+            settings = {"VERTICAL_TIME_OFFSET": offset}
+            if processes == 1:
+                result = crawl(config, store, tmp_path, tag=tag, settings=settings)
+                spent.append(result.stat("vertical/budget/spent") == 1 and "allowance of site" in result.log)
+            else:
+                procs = [start_crawl(config, store, tmp_path / f"{tag}-{i}", settings=settings)
+                         for i in range(processes)]
+                for proc in procs:
+                    proc.communicate(timeout=180)
+                assert [proc.returncode for proc in procs] == [0] * processes
+            return pages()
+
+        # A new site: a day's budget, though 101 pages are due.
+        assert run(0.0, "0") == per_day
+        # Six hours later, six hours' worth.
+        assert run(6 * 3600.0, "1") == per_day // 4
+        # Six more, two processes at once: one allowance between them. A
+        # process that found nothing left to claim gives back what it drew.
+        fetched = run(12 * 3600.0, "2", processes=2)
+        assert per_day // 4 - 2 <= fetched <= per_day // 4
+        frontier = SQLiteFrontier(store)
+        try:
+            left = frontier.get_meta("library", ALLOWANCE_KEY)["tokens"]
+        finally:
+            frontier.close()
+        assert fetched + left == pytest.approx(per_day / 4, abs=0.01)
+        # A week idle: one day's budget again, not seven.
+        assert run(7 * DAY, "3") == per_day
+        assert spent == [True] * 3
+
+    # vertical-status shows what is left to runs: nothing until the hour is up.
+    out = subprocess.run(
+        [sys.executable, "-m", "scrapy", "vertical-status", "--json", "-s", f"VERTICAL_STORE=sqlite:///{store}",
+         "-s", f"VERTICAL_TIME_OFFSET={7 * DAY}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )
+    assert json.loads(out.stdout)["sites"]["library"]["budget"]["allowance"] == 0

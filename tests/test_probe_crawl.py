@@ -114,7 +114,8 @@ def test_a_page_changing_at_every_visit_is_probed_once_then_left_alone(tmp_path,
                    "gives it its Bayes interval: with nothing else to spend on, the price of a fetch falls and "
                    "the ticker is chased at the shortest delay (benchmarks/FRESHNESS.md, 'The plan and the budget')")
 def test_the_refetch_plan_of_a_cron_crawl_keeps_to_the_budget(tmp_path):
-    # Runs of the non-continuous modes fetch what is due: the schedule's plan is
-    # their spend. 40 fetches a day allow no page a delay under 36 minutes.
+    # The allowance keeps runs of the non-continuous modes to the budget,
+    # whatever the plan; a plan over it makes every page late. 40 fetches a
+    # day allow no page a delay under 36 minutes.
     history, _ = _crawls(tmp_path, 8)
     assert min(delay for _, _, delay in history) >= DAY / 40, history

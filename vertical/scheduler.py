@@ -65,6 +65,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
+from vertical.budget import ALLOWANCE_KEY, BudgetPacer, RunAllowance, draw
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
 from vertical.frontier import Frontier, Lane, StoreUnavailable, open_frontier
@@ -101,54 +102,8 @@ CRAWL_DELAYS_KEY = "crawl_delays"  # site meta: host -> the Crawl-delay its robo
 QUEUE_HORIZON = 30.0
 #: Heartbeats a process may miss before others take it for dead.
 MISSED_HEARTBEATS = 3
-#: A paced crawl may spend this many seconds of its budget at once: enough
-#: to bridge the engine's polls (every 5 s while nothing else wakes it).
-PACE_BURST = 10.0
 #: The finish reason of a crawl whose store was unreachable for longer than its patience.
 STORE_UNAVAILABLE = "store_unavailable"
-
-
-class BudgetPacer:
-    """A token bucket that keeps spending within ``per_day`` fetches a day.
-
-    Tokens accrue at ``per_day / 86400`` a second of the caller's clock (the
-    scheduler's due clock, so ``VERTICAL_TIME_OFFSET`` replays pace alike) up
-    to ``burst`` (at least one fetch). The bucket starts full, so in any
-    window of ``t`` seconds at most ``burst + per_day * t / 86400`` fetches
-    are taken: within a day, the budget plus one burst. A site crawled by
-    ``n`` processes paces ``per_day / n`` in each (:meth:`share`).
-    """
-
-    def __init__(self, per_day: float, now: float, burst_seconds: float = PACE_BURST) -> None:
-        self.per_day = per_day
-        self.burst_seconds = burst_seconds
-        self.processes = 1
-        self.rate = per_day / 86400.0
-        self.burst = max(1.0, self.rate * burst_seconds)
-        self.tokens = self.burst
-        self._at = now
-
-    def share(self, processes: int, now: float) -> None:
-        """Spend ``1 / processes`` of the budget from ``now`` on: the site's
-        live crawl processes share one budget, each pacing its part."""
-        processes = max(1, processes)
-        if processes == self.processes:
-            return
-        self.ready(now)  # what accrued until now, at the old rate
-        self.processes = processes
-        self.rate = self.per_day / processes / 86400.0
-        self.burst = max(1.0, self.rate * self.burst_seconds)
-        self.tokens = min(self.tokens, self.burst)
-
-    def ready(self, now: float) -> bool:
-        """Whether a fetch may be taken now (spend it with :meth:`spend`)."""
-        if now > self._at:
-            self.tokens = min(self.burst, self.tokens + (now - self._at) * self.rate)
-            self._at = now
-        return self.tokens >= 1.0
-
-    def spend(self) -> None:
-        self.tokens -= 1.0
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:
@@ -215,6 +170,8 @@ class FrontierScheduler(BaseScheduler):
         self._postponed: dict[str, float] = {}
         self._started = time.time()
         self.pacer: BudgetPacer | None = None
+        self.allowance: RunAllowance | None = None
+        self._drawing: Deferred[None] = succeed(None)  # the last draw from the allowance
         self.store: StoreThread | None = None
         # Store jobs: at most one of each kind in flight.
         self._links = OneAtATime(self._store_links, partial(self.store_failed, "links"))
@@ -246,7 +203,33 @@ class FrontierScheduler(BaseScheduler):
     def budget_exhausted(self) -> bool:
         if self.max_pages and self._handed_out >= self.max_pages:
             return True
+        if self.allowance is not None and self.allowance.exhausted:
+            return True
         return bool(self.deadline and self.now() >= self.deadline)
+
+    def _draw(self) -> None:
+        """Take this run's next fetches from the site's allowance (on the
+        store thread; at most one draw in flight). A draw that finds it
+        empty ends the run once what it holds is spent."""
+        allowance = self.allowance
+        if allowance is None or not allowance.wants() or self._closing or self.store_gone:
+            return
+        allowance.drawing = True
+        take = partial(draw, want=allowance.chunk, now=self.now(), per_day=allowance.per_day)
+
+        def drawn(state: dict[str, float]) -> None:
+            self.stats.inc_value("vertical/budget/drawn", allowance.drawn(state))
+            if allowance.spent:
+                self.stats.set_value("vertical/budget/spent", 1)
+                logger.info("The allowance of site %r is spent (%g fetches a day): what is due waits for "
+                            "the next run", self.site.name, allowance.per_day)
+
+        def done(_: Any) -> None:
+            allowance.drawing = False
+            self._wake_engine()  # with fetches to make, or to close
+
+        d = self._call(self.frontier.update_meta, self.site.name, ALLOWANCE_KEY, take)
+        self._drawing = d.addCallbacks(drawn, partial(self.store_failed, "allowance")).addBoth(done)
 
     # -- engine interface ---------------------------------------------------------
 
@@ -304,9 +287,13 @@ class FrontierScheduler(BaseScheduler):
         per_day = self._budget_per_day()
         await call(self.frontier.set_meta, site.name, "budget", self._budget)
         await self._fit_schedule(records, per_day)
-        # The schedule fits delays to the budget; a continuous crawl must
-        # also keep to it when more is due than the budget pays for.
-        self.pacer = BudgetPacer(per_day, self.now()) if self.continuous and site.refetch.budget else None
+        # The schedule fits delays to the budget; the crawl must also keep
+        # to it when more is due than the budget pays for.
+        if site.refetch.budget and self.continuous:
+            self.pacer = BudgetPacer(per_day, self.now())
+        elif site.refetch.budget:
+            self.allowance = RunAllowance(per_day, self.batch)
+            self._draw()
         await self.commit.take_outbox()
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
@@ -464,6 +451,13 @@ class FrontierScheduler(BaseScheduler):
         if hasattr(self.schedule, "state"):
             merges.append((f"schedule.{self.schedule.name}",
                            lambda stored: self.schedule.merge_state(stored, opened.get("schedule"))))
+        allowance = self.allowance
+        if allowance is not None and allowance.drawing:
+            await self._drawing  # what it brings is given back too
+        if allowance is not None and allowance.held:
+            # What this run drew and did not spend goes back to the site.
+            merges.append((ALLOWANCE_KEY, partial(draw, want=-allowance.held, now=self.now(),
+                                                  per_day=allowance.per_day)))
         for loop in (self._seen_saver, self._refitter):
             if loop is not None and loop.running:
                 loop.stop()
@@ -622,6 +616,9 @@ class FrontierScheduler(BaseScheduler):
         if self.pacer is not None and not self.pacer.ready(self.now()):
             self.stats.inc_value("vertical/budget/paced")
             return None
+        if self.allowance is not None and self.allowance.held < 1:
+            self._draw()  # its answer wakes the engine
+            return None
         request = self._pop()
         if request is None:
             # Answered from memory; what the store brings wakes the engine.
@@ -631,6 +628,9 @@ class FrontierScheduler(BaseScheduler):
                 self._refill()
         if request is not None and self.pacer is not None:
             self.pacer.spend()
+        if request is not None and self.allowance is not None:
+            self.allowance.held -= 1
+            self._draw()  # before the last is spent: no wait between fetches
         return request
 
     def __len__(self) -> int:

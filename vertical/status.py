@@ -31,7 +31,9 @@ What a summary holds (the same keys for a site's ``total`` and each host):
 
 A site's summary also has ``budget`` when its crawl wrote one to the store's
 meta (the scheduler does at open): ``per_day`` (what it spends), ``asked``
-(``refetch.budget``, None for auto) and ``ceiling`` (what politeness allows).
+(``refetch.budget``, None for auto) and ``ceiling`` (what politeness allows);
+and ``allowance`` once runs of the non-continuous modes have drawn from it:
+the fetches they may still make now (:mod:`vertical.budget`).
 """
 
 from __future__ import annotations
@@ -201,7 +203,10 @@ def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
     source = "refetch.budget" if budget.get("asked") is not None else "auto: what politeness allows"
     if budget.get("asked") is not None and budget["asked"] > per_day:
         source = f"refetch.budget {budget['asked']:g}, capped by politeness"
-    return f"{text} of a budget of {per_day:g} a day ({fetched / per_day:.0%}; {source})"
+    text = f"{text} of a budget of {per_day:g} a day ({fetched / per_day:.0%}; {source})"
+    if budget.get("allowance") is not None:
+        text += f"; {budget['allowance']:g} left to runs now"
+    return text
 
 
 def render(summary: dict[str, dict[str, Any]], now: float) -> str:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any
 
 from scrapy.exceptions import UsageError
 
+from vertical.budget import ALLOWANCE_KEY, draw
 from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import open_store
 from vertical.status import format_duration, render, summarize
@@ -38,6 +40,17 @@ def processes(store: Any, sites: list[str]) -> dict[str, list[dict[str, Any]]]:
         return {}
     return {site: [{"owner": o.owner, "alive": o.alive, "until": o.until, "info": dict(o.info)}
                    for o in owners(site)] for site in sites}
+
+
+def _budget(store: Any, site: str, now: float) -> dict[str, Any] | None:
+    """The budget the site's last crawl used, with what is left of its
+    allowance now when runs have drawn from it."""
+    budget = store.get_meta(site, "budget")
+    if budget and budget.get("per_day") and budget.get("asked") is not None:
+        stored = store.get_meta(site, ALLOWANCE_KEY)
+        if stored is not None:
+            budget["allowance"] = math.floor(draw(stored, 0, now, budget["per_day"])["tokens"])
+    return budget
 
 
 def render_processes(found: dict[str, list[dict[str, Any]]], clock: float) -> str:
@@ -89,7 +102,7 @@ class Command(VerticalCommand):
                 self.exitcode = 1
                 return
             # Leases on the store's clock, as the store judges them.
-            budgets = {site: store.get_meta(site, "budget") for site in ([args[0]] if args else store.sites())}
+            budgets = {site: _budget(store, site, now) for site in ([args[0]] if args else store.sites())}
             summary = summarize(store.iter_records(args[0] if args else None), now, store.clock(), budgets)
         if opts.json:
             print(json.dumps({"store": uri, "now": now, "sites": summary, "processes": found}, indent=1))
