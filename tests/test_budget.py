@@ -19,7 +19,7 @@ from tests.crawling import REPO, crawl, site_file, start_crawl, wait_for
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoResponse, DemoSite
-from vertical.frontier.sqlite import SQLiteFrontier
+from vertical.frontier import open_frontier
 from vertical.budget import ALLOWANCE_KEY, PACE_BURST, BudgetPacer, RunAllowance, draw
 
 START = {"start_urls": ["http://a.example/"]}
@@ -255,11 +255,11 @@ class LibrarySite:
         return DemoResponse(404, html, b"<h1>Not found</h1>")
 
 
-def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path):
+def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, frontier_uri):
     """Runs of the default mode (a cron tick each) keep to ``refetch.budget``
     between them: the site's allowance holds a day's budget at most and
-    fills at the budget's rate; two processes at once share it; what a run
-    drew and did not fetch goes back. Counted at the server, on a clock
+    fills at the budget's rate; three processes at once share it; what a
+    run drew and did not fetch goes back. On each store backend. Counted at the server, on a clock
     moved forward between runs (a run takes seconds: at 24 a day, far less
     than a fetch)."""
     per_day = 24
@@ -273,7 +273,7 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path):
             "refetch": {"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
             "politeness": {"delay": 0, "concurrency": 4},
         }))
-        store = tmp_path / "f.sqlite3"
+        store = frontier_uri
         pages = lambda: sum(1 for r in server.requests if r["path"] != "/robots.txt")  # noqa: E731
 
         spent = []  # whether each single run ended on the allowance
@@ -296,15 +296,12 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path):
         assert run(0.0, "0") == per_day
         # Six hours later, six hours' worth.
         assert run(6 * 3600.0, "1") == per_day // 4
-        # Six more, two processes at once: one allowance between them. A
+        # Six more, three processes at once: one allowance between them. A
         # process that found nothing left to claim gives back what it drew.
-        fetched = run(12 * 3600.0, "2", processes=2)
-        assert per_day // 4 - 2 <= fetched <= per_day // 4
-        frontier = SQLiteFrontier(store)
-        try:
+        fetched = run(12 * 3600.0, "2", processes=3)
+        assert per_day // 4 - 3 <= fetched <= per_day // 4
+        with open_frontier(store) as frontier:
             left = frontier.get_meta("library", ALLOWANCE_KEY)["tokens"]
-        finally:
-            frontier.close()
         assert fetched + left == pytest.approx(per_day / 4, abs=0.01)
         # A week idle: one day's budget again, not seven.
         assert run(7 * DAY, "3") == per_day
@@ -312,7 +309,7 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path):
 
     # vertical-status shows what is left to runs: nothing until the hour is up.
     out = subprocess.run(
-        [sys.executable, "-m", "scrapy", "vertical-status", "--json", "-s", f"VERTICAL_STORE=sqlite:///{store}",
+        [sys.executable, "-m", "scrapy", "vertical-status", "--json", "-s", f"VERTICAL_STORE={store}",
          "-s", f"VERTICAL_TIME_OFFSET={7 * DAY}"],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )
