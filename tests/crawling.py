@@ -41,6 +41,15 @@ def site_file(tmp_path: Path, base_url: str, source: Path = DEMO_CONFIG, name: s
     return path
 
 
+def small_site(tmp_path: Path, name: str, base_url: str, **keys: Any) -> Path:
+    """A site config of one served test site: its home page the start URL,
+    the loopback host allowed, and ``keys``."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "start_urls": [f"{base_url}/"],
+                                    "allowed_domains": ["127.0.0.1"], **keys}))
+    return path
+
+
 @dataclass
 class CrawlResult:
     returncode: int

@@ -13,9 +13,8 @@ import sys
 import time
 
 import pytest
-import yaml
 
-from tests.crawling import REPO, crawl, site_file, start_crawl, wait_for
+from tests.crawling import REPO, crawl, site_file, small_site, start_crawl, wait_for
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoResponse, DemoSite
@@ -259,20 +258,17 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, fro
     """Runs of the default mode (a cron tick each) keep to ``refetch.budget``
     between them: the site's allowance holds a day's budget at most and
     fills at the budget's rate; three processes at once share it; what a
-    run drew and did not fetch goes back. On each store backend. Counted at the server, on a clock
-    moved forward between runs (a run takes seconds: at 24 a day, far less
-    than a fetch)."""
+    run drew and did not fetch goes back. On each store backend. Counted at
+    the server, on a clock moved forward between runs (a run takes seconds:
+    at 24 a day, far less than a fetch)."""
     per_day = 24
     with serve(LibrarySite()) as server:
-        config = tmp_path / "library.yaml"
-        config.write_text(yaml.safe_dump({
-            "name": "library",
-            "start_urls": [f"{server.url}/"],
-            "allowed_domains": ["127.0.0.1"],
-            "documents": [{"name": "doc", "match": r"/doc/\\d+$", "fields": {"title": "//h1/text()"}}],
-            "refetch": {"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
-            "politeness": {"delay": 0, "concurrency": 4},
-        }))
+        config = small_site(
+            tmp_path, "library", server.url,
+            documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
+            refetch={"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
+            politeness={"delay": 0, "concurrency": 4},
+        )
         store = frontier_uri
         pages = lambda: sum(1 for r in server.requests if r["path"] != "/robots.txt")  # noqa: E731
 
@@ -284,6 +280,8 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, fro
             if processes == 1:
                 result = crawl(config, store, tmp_path, tag=tag, settings=settings)
                 spent.append(result.stat("vertical/budget/spent") == 1 and "allowance of site" in result.log)
+                # Fetches the server counted are the crawl's: a document each, but the home page.
+                assert len(result.items) == pages() - sum(r["path"] == "/" for r in server.requests)
             else:
                 procs = [start_crawl(config, store, tmp_path / f"{tag}-{i}", settings=settings)
                          for i in range(processes)]

@@ -9,9 +9,8 @@ from __future__ import annotations
 import time
 
 import pytest
-import yaml
 
-from tests.crawling import crawl
+from tests.crawling import crawl, small_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoResponse
 from vertical.frontier.sqlite import SQLiteFrontier
@@ -63,17 +62,14 @@ def _crawls(tmp_path, crawls: int, **refetch) -> tuple[list[tuple[int, bool, flo
     ticker is due. Returns, per crawl, the ticker's fetches served, whether
     it is left flagged for a probe and its next delay; and its last record."""
     with serve(FlickeringSite()) as server:
-        config = tmp_path / "flicker.yaml"
-        config.write_text(yaml.safe_dump({
-            "name": "flicker",
-            "start_urls": [f"{server.url}/"],
-            "allowed_domains": ["127.0.0.1"],
-            "documents": [{"name": "doc", "match": r"/doc/\d+$",
-                           "fields": {"title": "//h1/text()", "text": "//p/text()"}}],
-            "refetch": {"schedule": "optimal", "initial": "1d", "min": "10m", "max": "30d", "budget": "40/d",
-                        **refetch},
-            "politeness": {"delay": 0, "concurrency": 2},
-        }))
+        config = small_site(
+            tmp_path, "flicker", server.url,
+            documents=[{"name": "doc", "match": r"/doc/\d+$",
+                        "fields": {"title": "//h1/text()", "text": "//p/text()"}}],
+            refetch={"schedule": "optimal", "initial": "1d", "min": "10m", "max": "30d", "budget": "40/d",
+                     **refetch},
+            politeness={"delay": 0, "concurrency": 2},
+        )
         store = tmp_path / "f.sqlite3"
         history = []
         offset = 0.0
