@@ -312,3 +312,28 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, fro
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )
     assert json.loads(out.stdout)["sites"]["library"]["budget"]["allowance"] == 0
+
+
+def test_a_new_sites_first_run_plans_its_refetches_within_the_budget(tmp_path):
+    """A first run opens on an empty store: the price of a fetch is fitted
+    to no pages (0 s) and every page found would wait only ``refetch.min``,
+    24 fetches a day each. The run refits when the site has doubled, before
+    the pages it found are fetched: their delays add up to the budget.
+    (The home page announces new pages and is scheduled for them, outside
+    the budget.)"""
+    per_day = 200
+    with serve(LibrarySite()) as server:
+        config = small_site(
+            tmp_path, "library", server.url,
+            documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
+            refetch={"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
+            politeness={"delay": 0, "concurrency": 4},
+        )
+        store = tmp_path / "f.sqlite3"
+        result = crawl(config, store, tmp_path)
+    assert result.stat("vertical/schedule/refits") >= 1
+    with open_frontier(f"sqlite:///{store}") as frontier:
+        fetched = [r for r in frontier.iter_records("library") if r.visits]
+    assert len(fetched) == 101
+    plan = sum(DAY / (r.next_fetch - r.fetch_time) for r in fetched if r.level > 0)
+    assert 0.9 * per_day <= plan <= 1.05 * per_day, plan

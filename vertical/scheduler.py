@@ -96,6 +96,10 @@ _POLL = 1.0  # seconds between store polls when nothing was claimable
 LEARN_SAMPLE = 2000  # records a learning schedule sees at open (the site's rates)
 LEARN_ITERATIONS = 20  # its EM steps then, from the weights of the last run
 REFIT_ITERATIONS = 5  # a continuous crawl's refit: from weights already warm
+#: The schedule is fitted again when the site has grown this many times
+#: over the records it was last fitted to (and by at least REFIT_MIN_GROWTH).
+REFIT_GROWTH = 2.0
+REFIT_MIN_GROWTH = 20
 CRAWL_DELAYS_KEY = "crawl_delays"  # site meta: host -> the Crawl-delay its robots.txt last gave
 #: A host's queue holds about this many seconds of its fetches (at its delay
 #: and concurrency): claim no more, so that other processes find work too.
@@ -149,6 +153,7 @@ class FrontierScheduler(BaseScheduler):
         self._inflight: dict[int, URLRecord] = {}
         self._crawl_delays: dict[str, float] = {}  # host -> its robots.txt Crawl-delay
         self._fit: tuple[int, float, list[URLRecord]] | None = None  # what the budget was last fitted to
+        self._records = 0  # the site's records as far as this process knows: at open, plus its inserts
         self._discovered: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._checking: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._seq = itertools.count()
@@ -354,6 +359,7 @@ class FrontierScheduler(BaseScheduler):
             self.stats.set_value("vertical/schedule/learned_from", used)
         self._crawl_delays = await self._call(self.frontier.get_meta, self.site.name, CRAWL_DELAYS_KEY) or {}
         self._fit = (records, per_day, sample)
+        self._records = max(self._records, records)
         self._fit_budget()
         if (price := getattr(self.schedule, "mu", None)) is not None:
             logger.info("Schedule of site %r fitted to %d records: a fetch is priced at %.0f s of freshness",
@@ -925,6 +931,8 @@ class FrontierScheduler(BaseScheduler):
         asked = time.monotonic()
         inserted, claimed = await self._call(insert)
         self._stored()
+        if (refit := self._grown(len(inserted))) is not None:
+            await refit  # the pages just found are priced by it when fetched
         # Hosts held back meanwhile (postponed, or at their page cap: the
         # insert ran off the reactor while pages were handed out) give back.
         held = set(self._held_back())
@@ -1007,11 +1015,24 @@ class FrontierScheduler(BaseScheduler):
 
         return self._call(self.seen_keeper.save).addBoth(done)
 
+    def _grown(self, inserted: int) -> Deferred[None] | None:
+        """Records were added: a site that has doubled since the schedule
+        was fitted is fitted again. A first run opens on an empty store,
+        where the budget is fitted to one page (its price of a fetch is 0 s
+        and every page found would wait ``refetch.min``); each doubling
+        refits it, a handful of times for a whole site."""
+        self._records += inserted
+        fitted = self._fit[0] if self._fit is not None else 0
+        if self._records < max(REFIT_GROWTH * fitted, fitted + REFIT_MIN_GROWTH):
+            return None
+        return self._refit()
+
     def _refit(self) -> Deferred[None] | None:
         """Refit the schedule as a run does when it opens (the simulator's
         daily ``set_budget``): a continuous crawl never opens again, and
         without this it would price every fetch by what the store held at
-        its start (on an empty store: the whole budget for one page)."""
+        its start (on an empty store: the whole budget for one page). Once
+        a day in a continuous crawl, and whenever the site has doubled."""
         if self._refitting or self.store is None or self._closing:
             return None
         self._refitting = True
