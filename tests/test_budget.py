@@ -254,6 +254,16 @@ class LibrarySite:
         return DemoResponse(404, html, b"<h1>Not found</h1>")
 
 
+def _library(tmp_path, url: str, per_day: int):
+    """The config of the library site at ``url`` with a budget of ``per_day``."""
+    return small_site(
+        tmp_path, "library", url,
+        documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
+        refetch={"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
+        politeness={"delay": 0, "concurrency": 4},
+    )
+
+
 def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, frontier_uri):
     """Runs of the default mode (a cron tick each) keep to ``refetch.budget``
     between them: the site's allowance holds a day's budget at most and
@@ -263,12 +273,7 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, fro
     at 24 a day, far less than a fetch)."""
     per_day = 24
     with serve(LibrarySite()) as server:
-        config = small_site(
-            tmp_path, "library", server.url,
-            documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
-            refetch={"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
-            politeness={"delay": 0, "concurrency": 4},
-        )
+        config = _library(tmp_path, server.url, per_day)
         store = frontier_uri
         pages = lambda: sum(1 for r in server.requests if r["path"] != "/robots.txt")  # noqa: E731
 
@@ -323,12 +328,7 @@ def test_a_new_sites_first_run_plans_its_refetches_within_the_budget(tmp_path):
     the budget.)"""
     per_day = 200
     with serve(LibrarySite()) as server:
-        config = small_site(
-            tmp_path, "library", server.url,
-            documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
-            refetch={"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
-            politeness={"delay": 0, "concurrency": 4},
-        )
+        config = _library(tmp_path, server.url, per_day)
         store = tmp_path / "f.sqlite3"
         result = crawl(config, store, tmp_path)
     assert result.stat("vertical/schedule/refits") >= 1
