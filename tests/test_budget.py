@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.crawling import REPO, crawl, site_file, small_site, start_crawl, wait_for
+from tests.crawling import REPO, crawl, kill, site_file, small_site, start_crawl, wait_for
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoResponse, DemoSite
@@ -123,6 +123,8 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )
     summary = json.loads(out.stdout)["sites"]["demo"]
+    # What it drew from the site's allowance and did not fetch went back.
+    assert per_day - fetched <= summary["budget"].pop("allowance") <= per_day
     assert summary["budget"] == {"per_day": per_day, "asked": per_day, "ceiling": 2 * DAY / 0.05}
     assert 0 < summary["total"]["fetched_day"] <= fetched
     text = subprocess.run(
@@ -226,30 +228,44 @@ def test_a_run_draws_a_hundredth_of_a_day_at_a_time():
     assert RunAllowance(5000.0, batch=256).chunk == 50
     assert RunAllowance(1e6, batch=256).chunk == 256
     run = RunAllowance(5000.0, batch=256)
-    assert run.wants() and not run.exhausted
-    run.drawn({"tokens": 0.0, "at": 0.0, "drawn": 30.0})
-    assert not run.wants()  # more than half a chunk held
+    assert run.wants(0.0) and not run.exhausted
+    run.drawn({"tokens": 0.0, "at": 0.0, "drawn": 30.0}, 0.0)
+    assert not run.wants(0.0)  # more than half a chunk held
     run.held -= 10
-    assert run.wants()  # the next, before the last is spent
-    run.drawn({"tokens": 0.0, "at": 0.0, "drawn": 0.0})  # the site's allowance is empty
-    assert run.spent and not run.wants() and not run.exhausted  # 20 still held
+    assert run.wants(0.0)  # the next, before the last is spent
+    run.drawn({"tokens": 0.0, "at": 0.0, "drawn": 0.0}, 0.0)  # the site's allowance is empty
+    assert run.spent and not run.wants(DAY) and not run.exhausted  # 20 still held
     run.held = 0.0
     assert run.exhausted
 
 
+def test_a_continuous_crawl_waits_for_the_allowance_to_fill():
+    run = RunAllowance(24.0, batch=256, waits=True)  # a fetch an hour
+    run.drawn({"tokens": 0.25, "at": 0.0, "drawn": 0.0}, 100.0)
+    assert run.spent and not run.exhausted  # it does not end
+    assert not run.wants(100.0 + 0.75 * 3600 - 1)
+    assert run.wants(100.0 + 0.75 * 3600)  # three quarters of an hour: a whole fetch
+
+
 class LibrarySite:
-    """A home page listing 100 documents that never change: more is due
-    than a small budget pays for, and nothing fails (every page request the
-    server answers is one fetch of the budget)."""
+    """A home page listing ``documents`` documents that never change: more
+    is due than a small budget pays for, and nothing fails (every page
+    request the server answers is one fetch of the budget). Each document
+    takes ``seconds`` to serve."""
+
+    def __init__(self, documents: int = 100, seconds: float = 0.0) -> None:
+        self.documents = documents
+        self.seconds = seconds
 
     def render(self, path, host="", headers=None, step=None):
         html = {"Content-Type": "text/html; charset=utf-8"}
         if path == "/robots.txt":
             return DemoResponse(200, {"Content-Type": "text/plain"}, b"User-agent: *\nDisallow:\n")
         if path == "/":
-            links = " ".join(f'<a href="/doc/{i}">{i}</a>' for i in range(100))
+            links = " ".join(f'<a href="/doc/{i}">{i}</a>' for i in range(self.documents))
             return DemoResponse(200, html, f"<html><body>{links}</body></html>".encode())
-        if path.startswith("/doc/") and path[5:].isdigit() and int(path[5:]) < 100:
+        if path.startswith("/doc/") and path[5:].isdigit() and int(path[5:]) < self.documents:
+            time.sleep(self.seconds)
             return DemoResponse(200, html, f"<html><body><h1>Document {path[5:]}</h1></body></html>".encode())
         return DemoResponse(404, html, b"<h1>Not found</h1>")
 
@@ -337,3 +353,55 @@ def test_a_new_sites_first_run_plans_its_refetches_within_the_budget(tmp_path):
     assert len(fetched) == 101
     plan = sum(DAY / (r.next_fetch - r.fetch_time) for r in fetched if r.level > 0)
     assert 0.9 * per_day <= plan <= 1.05 * per_day, plan
+
+
+def test_a_continuous_crawl_draws_from_the_same_allowance(tmp_path):
+    """A cron-style run spent the day's allowance: a continuous crawl of the
+    site started at once waits for it to fill (a fetch an hour) instead of
+    spending a budget of its own. Counted at the server over seconds in
+    which its pacer alone would allow one fetch."""
+    per_day = 24
+    with serve(LibrarySite()) as server:
+        config = _library(tmp_path, server.url, per_day)
+        store = tmp_path / "f.sqlite3"
+        crawl(config, store, tmp_path, tag="cron")
+        server.clear_log()
+        proc = start_crawl(config, store, tmp_path / "continuous", args={"mode": "continuous"})
+        try:
+            fetched = lambda: [r["path"] for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
+            wait_for(lambda: "waits for it to fill" in _log(tmp_path / "continuous") or fetched(), timeout=60)
+            time.sleep(3)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        assert proc.returncode == 0
+        assert fetched() == []
+
+
+def _log(workdir) -> str:
+    path = workdir / "crawl.log"
+    return path.read_text() if path.exists() else ""
+
+
+def test_a_killed_run_never_makes_the_site_spend_more(tmp_path):
+    """SIGKILL a run in the middle of its day's allowance (300 a day, drawn
+    3 at a time): the run after it spends the rest. Counted at the server,
+    the two together never fetch more than the day's budget (a page the
+    killed run fetched and did not write back is fetched again, and counts
+    again), and lose at most what the killed run held: one and a half draws."""
+    per_day = 300
+    with serve(LibrarySite(documents=400, seconds=0.02)) as server:
+        config = _library(tmp_path, server.url, per_day)
+        store = tmp_path / "f.sqlite3"
+        pages = lambda: sum(1 for r in server.requests if r["path"] != "/robots.txt")  # noqa: E731
+        proc = start_crawl(config, store, tmp_path / "killed")
+        try:
+            wait_for(lambda: pages() >= 60, timeout=120)
+        finally:
+            kill(proc)
+        killed = pages()
+        crawl(config, store, tmp_path, tag="after")
+        fetched = pages()
+    print(f"killed after {killed} pages; {fetched} with the run after it, of {per_day}")
+    assert killed < per_day
+    assert per_day - 4.5 <= fetched <= per_day, (killed, fetched)

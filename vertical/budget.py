@@ -1,16 +1,17 @@
 """Keeping a crawl to ``refetch.budget``, the fetches a day a site may cost.
 
-Two ways, by how the crawl runs:
-
-* A continuous crawl never ends: :class:`BudgetPacer` paces its claims with
-  a token bucket in the process, on the crawl's clock.
-* Runs of the other modes (one per cron tick, per Scrapyd job) end when
-  nothing is due, and may be days apart: they draw their fetches from the
-  site's *allowance*, a token bucket kept in the store (site meta
-  :data:`ALLOWANCE_KEY`) and shared by every process of the site.
-  :func:`draw` is its rule. It fills at the budget's rate up to one day's
-  budget, so a daily run may spend a day's budget and a run after a week
-  idle no more than that.
+* Every process of a site, in any mode, draws its fetches from the site's
+  *allowance*, a token bucket kept in the store (site meta
+  :data:`ALLOWANCE_KEY`). :func:`draw` is its rule. It fills at the
+  budget's rate up to one day's budget: runs of the non-continuous modes
+  (one per cron tick, per Scrapyd job) may be days apart, so a daily run
+  may spend a day's budget, and a run after a week idle no more than that.
+  A process holds a little of it at a time (:class:`RunAllowance`). Over
+  any ``t`` seconds the site's processes together make at most a day's
+  budget plus ``per_day * t / 86400`` fetches.
+* A continuous crawl also paces itself (:class:`BudgetPacer`): a day's
+  allowance would otherwise go at politeness speed, and its fetches are
+  spread over the day instead.
 
 Both are pure: the scheduler keeps the clock and the store calls.
 """
@@ -78,33 +79,45 @@ class RunAllowance:
     """What one run holds of its site's allowance: it takes ``chunk``
     fetches at a time (:func:`draw` through the store's ``update_meta``),
     the next before the last is spent, and gives back what it holds when it
-    closes. A run killed meanwhile loses what it held, at most ``chunk``:
-    fetches never made, never fetches made twice."""
+    closes. A run killed meanwhile loses what it held, at most one and a
+    half ``chunk``: fetches never made, never fetches made twice.
 
-    def __init__(self, per_day: float, batch: int) -> None:
+    A run that finds the allowance empty ends once it has spent what it
+    holds (:attr:`exhausted`); one that ``waits`` (a continuous crawl)
+    draws again when a fetch has accrued."""
+
+    def __init__(self, per_day: float, batch: int, waits: bool = False) -> None:
         self.per_day = per_day
+        self.waits = waits
         # A hundredth of a day's budget (within a claim batch): a store call
         # per fetch on a small budget, few on a large one.
         self.chunk = max(1, min(batch, math.floor(per_day / 100)))
         self.held = 0.0
         self.drawing = False
-        #: A draw found the allowance empty: take no more.
+        #: A draw found the allowance empty: take no more (until ``retry_at``
+        #: when the run waits).
         self.spent = False
+        self.retry_at = 0.0
 
     @property
     def exhausted(self) -> bool:
         """Spent, and nothing held: this run may fetch no more pages."""
-        return self.spent and self.held < 1
+        return self.spent and self.held < 1 and not self.waits
 
-    def wants(self) -> bool:
+    def wants(self, now: float) -> bool:
         """Whether to draw now: the run holds less than half a chunk."""
+        if self.spent and self.waits and now >= self.retry_at:
+            self.spent = False
         return not (self.drawing or self.spent) and self.held < max(1.0, self.chunk / 2)
 
-    def drawn(self, state: dict[str, float]) -> float:
-        """Take in the store's answer to a draw; returns the fetches drawn."""
+    def drawn(self, state: dict[str, float], now: float) -> float:
+        """Take in the store's answer to a draw made at ``now``; returns the
+        fetches drawn."""
         self.held += state["drawn"]
         if not state["drawn"]:
             self.spent = True
+            # When the next whole fetch will have accrued.
+            self.retry_at = now + max(0.0, 1.0 - state["tokens"]) * DAY / max(self.per_day, 1e-9)
         return state["drawn"]
 
 

@@ -34,6 +34,10 @@ What the engine can rely on:
   another half lease (as of the last claim or renewal the store confirmed):
   enough to fetch it and commit it. A store that stays silent longer stops
   the handing out, not the downloads already under way.
+* With ``refetch.budget``, every page fetch is drawn from the site's
+  allowance in the store (:mod:`vertical.budget`): a run that finds it
+  empty hands out nothing more and ends (what it claimed is released); a
+  continuous crawl waits for it to fill, and paces itself meanwhile.
 * A store unreachable for longer than its patience (a Redis that is gone:
   :class:`~vertical.frontier.base.StoreUnavailable`) ends the crawl: one
   error names the store and the call that failed, and the spider closes
@@ -215,19 +219,22 @@ class FrontierScheduler(BaseScheduler):
     def _draw(self) -> None:
         """Take this run's next fetches from the site's allowance (on the
         store thread; at most one draw in flight). A draw that finds it
-        empty ends the run once what it holds is spent."""
+        empty ends the run once what it holds is spent; a continuous crawl
+        draws again when a fetch has accrued."""
         allowance = self.allowance
-        if allowance is None or not allowance.wants() or self._closing or self.store_gone:
+        now = self.now()
+        if allowance is None or not allowance.wants(now) or self._closing or self.store_gone:
             return
         allowance.drawing = True
-        take = partial(draw, want=allowance.chunk, now=self.now(), per_day=allowance.per_day)
+        take = partial(draw, want=allowance.chunk, now=now, per_day=allowance.per_day)
 
         def drawn(state: dict[str, float]) -> None:
-            self.stats.inc_value("vertical/budget/drawn", allowance.drawn(state))
-            if allowance.spent:
+            self.stats.inc_value("vertical/budget/drawn", allowance.drawn(state, now))
+            if allowance.spent and not self.stats.get_value("vertical/budget/spent"):
                 self.stats.set_value("vertical/budget/spent", 1)
-                logger.info("The allowance of site %r is spent (%g fetches a day): what is due waits for "
-                            "the next run", self.site.name, allowance.per_day)
+                logger.info("The allowance of site %r is spent (%g fetches a day): what is due waits for %s",
+                            self.site.name, allowance.per_day,
+                            "it to fill" if allowance.waits else "the next run")
 
         def done(_: Any) -> None:
             allowance.drawing = False
@@ -294,11 +301,11 @@ class FrontierScheduler(BaseScheduler):
         await self._fit_schedule(records, per_day)
         # The schedule fits delays to the budget; the crawl must also keep
         # to it when more is due than the budget pays for.
-        if site.refetch.budget and self.continuous:
-            self.pacer = BudgetPacer(per_day, self.now())
-        elif site.refetch.budget:
-            self.allowance = RunAllowance(per_day, self.batch)
+        if site.refetch.budget:
+            self.allowance = RunAllowance(per_day, self.batch, waits=self.continuous)
             self._draw()
+            if self.continuous:
+                self.pacer = BudgetPacer(per_day, self.now())
         await self.commit.take_outbox()
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
