@@ -326,13 +326,19 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, fro
         assert run(7 * DAY, "3") == per_day
         assert spent == [True] * 3
 
-    # vertical-status shows what is left to runs: nothing until the hour is up.
+    # vertical-status shows what is left in the allowance: nothing until the hour is up.
     out = subprocess.run(
         [sys.executable, "-m", "scrapy", "vertical-status", "--json", "-s", f"VERTICAL_STORE={store}",
          "-s", f"VERTICAL_TIME_OFFSET={7 * DAY}"],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )
     assert json.loads(out.stdout)["sites"]["library"]["budget"]["allowance"] == 0
+    text = subprocess.run(
+        [sys.executable, "-m", "scrapy", "vertical-status", "-s", f"VERTICAL_STORE={store}",
+         "-s", f"VERTICAL_TIME_OFFSET={7 * DAY + 3600}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    assert "; 1 left in its allowance now" in text  # an hour on: a fetch
 
 
 def test_a_new_sites_first_run_plans_its_refetches_within_the_budget(tmp_path):

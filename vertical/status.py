@@ -32,8 +32,8 @@ What a summary holds (the same keys for a site's ``total`` and each host):
 A site's summary also has ``budget`` when its crawl wrote one to the store's
 meta (the scheduler does at open): ``per_day`` (what it spends), ``asked``
 (``refetch.budget``, None for auto) and ``ceiling`` (what politeness allows);
-and ``allowance`` once runs of the non-continuous modes have drawn from it:
-the fetches they may still make now (:mod:`vertical.budget`).
+and ``allowance`` once a crawl with a ``refetch.budget`` has drawn from it:
+the fetches the site's crawls may still start now (:mod:`vertical.budget`).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
         source = f"refetch.budget {budget['asked']:g}, capped by politeness"
     text = f"{text} of a budget of {per_day:g} a day ({fetched / per_day:.0%}; {source})"
     if budget.get("allowance") is not None:
-        text += f"; {budget['allowance']:g} left to runs now"
+        text += f"; {budget['allowance']:g} left in its allowance now"
     return text
 
 
