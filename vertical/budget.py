@@ -80,7 +80,8 @@ class RunAllowance:
     fetches at a time (:func:`draw` through the store's ``update_meta``),
     the next before the last is spent, and gives back what it holds when it
     closes. A run killed meanwhile loses what it held, at most one and a
-    half ``chunk``: fetches never made, never fetches made twice.
+    half ``chunk``, and the fetches it had under way: fetches never made,
+    never fetches made twice.
 
     A run that finds the allowance empty ends once it has spent what it
     holds (:attr:`exhausted`); one that ``waits`` (a continuous crawl)
