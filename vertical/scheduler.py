@@ -1030,6 +1030,8 @@ class FrontierScheduler(BaseScheduler):
         refits it, a handful of times for a whole site."""
         self._records += inserted
         fitted = self._fit[0] if self._fit is not None else 0
+        if not hasattr(self.schedule, "set_budget"):
+            return None  # nothing priced: nothing to refit
         if self._records < max(REFIT_GROWTH * fitted, fitted + REFIT_MIN_GROWTH):
             return None
         return self._refit()
