@@ -143,7 +143,10 @@ def paths_and_levels(store) -> dict[str, int]:
 
 def test_two_processes_one_store_and_a_killed_lease(tmp_path):
     with serve(DemoSite(seed=0, films=60)) as server:
-        site = site_file(tmp_path, server.url, politeness={"delay": 0.1, "concurrency": 1})
+        # 100 pages at 0.3 s: a process alone takes 30 s over them, time for
+        # the other to start on a loaded machine (at 0.1 s one process could
+        # take the whole site before the other was up).
+        site = site_file(tmp_path, server.url, politeness={"delay": 0.3, "concurrency": 1})
         store = tmp_path / "f.sqlite3"
         settings = {"VERTICAL_LEASE": 4, "VERTICAL_CLAIM_BATCH": 8}
         a = start_crawl(site, store, tmp_path, tag="a", settings={**settings, "USER_AGENT": "a"})
