@@ -50,6 +50,12 @@ def small_site(tmp_path: Path, name: str, base_url: str, **keys: Any) -> Path:
     return path
 
 
+def crawl_log(workdir: Path, tag: str = "") -> str:
+    """The log of a crawl started in ``workdir`` so far ("" before it has one)."""
+    path = workdir / f"crawl{tag}.log"
+    return path.read_text() if path.exists() else ""
+
+
 @dataclass
 class CrawlResult:
     returncode: int

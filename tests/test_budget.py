@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.crawling import REPO, crawl, kill, site_file, small_site, start_crawl, wait_for
+from tests.crawling import REPO, crawl, crawl_log, kill, site_file, small_site, start_crawl, wait_for
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoResponse, DemoSite
@@ -375,18 +375,13 @@ def test_a_continuous_crawl_draws_from_the_same_allowance(tmp_path):
         proc = start_crawl(config, store, tmp_path / "continuous", args={"mode": "continuous"})
         try:
             fetched = lambda: [r["path"] for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
-            wait_for(lambda: "waits for it to fill" in _log(tmp_path / "continuous") or fetched(), timeout=60)
+            wait_for(lambda: "waits for it to fill" in crawl_log(tmp_path / "continuous") or fetched(), timeout=60)
             time.sleep(3)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
         assert proc.returncode == 0
         assert fetched() == []
-
-
-def _log(workdir) -> str:
-    path = workdir / "crawl.log"
-    return path.read_text() if path.exists() else ""
 
 
 def test_a_killed_run_never_makes_the_site_spend_more(tmp_path):

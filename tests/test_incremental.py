@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.crawling import collect, crawl, kill, site_file, start_crawl, wait_for
+from tests.crawling import collect, crawl, crawl_log, kill, site_file, start_crawl, wait_for
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
 from vertical.frontier.sqlite import SQLiteFrontier
@@ -163,7 +163,7 @@ def test_a_continuous_crawl_refits_its_schedule_to_what_it_learns(demo, tmp_path
     try:
         # Paced at 100 fetches a day, it fetches the home page and waits; the
         # refits see the pages it links to.
-        wait_for(lambda: re.search(r"priced at [1-9]", log(tmp_path)), timeout=60)
+        wait_for(lambda: re.search(r"priced at [1-9]", crawl_log(tmp_path)), timeout=60)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -175,11 +175,6 @@ def test_a_continuous_crawl_refits_its_schedule_to_what_it_learns(demo, tmp_path
                                                                 result.log)]
     assert fits[0] == (0, 0.0)
     assert fits[-1][0] > 0 and fits[-1][1] > 0
-
-
-def log(workdir: Path) -> str:
-    path = workdir / "crawl.log"
-    return path.read_text() if path.exists() else ""
 
 
 def first_fields(result, url: str) -> dict:

@@ -53,8 +53,8 @@ class BudgetPacer:
         self._at = now
 
     def share(self, processes: int, now: float) -> None:
-        """Spend ``1 / processes`` of the budget from ``now`` on: the site's
-        live crawl processes share one budget, each pacing its part."""
+        """Pace ``1 / processes`` of the budget from ``now`` on: the site's
+        live continuous processes share one pace, each keeping its part."""
         processes = max(1, processes)
         if processes == self.processes:
             return
