@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -713,22 +714,22 @@ def test_last_modified_observations():
 
     assert parse_http_date(formatdate(1_000_000, usegmt=True)) == 1_000_000
     assert parse_http_date("yesterday") is None and parse_http_date(None) is None
+    s = 1234.0  # headers to the second: not at midnight, not on the hour (see the next test)
     extra: dict = {}
     # First visit: 3 days since the last change, a draw of the recurrence time.
-    assert observe_modified(extra, 7 * DAY, 10 * DAY, 0.0, True, True)
-    assert history(extra) == (0, 0, 0.0, 0.0, 1, 3 * DAY, 1, 0, 0.0)
+    assert observe_modified(extra, 7 * DAY + s, 10 * DAY + s, 0.0, True, True)
+    assert history(extra) == (0, 0, 0.0, 0.0, 1, 3 * DAY, 1, 0, 0.0, 0, 0.0, 0.0)
     # Unchanged and the header did not move: the bits count it, not this.
-    assert not observe_modified(extra, 7 * DAY, 12 * DAY, 10 * DAY, False, False)
+    assert not observe_modified(extra, 7 * DAY + s, 12 * DAY, 10 * DAY, False, False)
     # A change at 13 days seen at 15: a change, then 2 days without.
-    assert observe_modified(extra, 13 * DAY, 15 * DAY, 12 * DAY, True, False)
+    assert observe_modified(extra, 13 * DAY + s, 15 * DAY + s, 12 * DAY, True, False)
     assert history(extra)[4:7] == (2, 5 * DAY, 1)
-    # A change the header dates before the previous visit (a date without its
-    # hour): the bit alone.
-    assert not observe_modified(extra, 14 * DAY, 16 * DAY, 15 * DAY, True, False)
+    # A change the header dates before the previous visit: the bit alone.
+    assert not observe_modified(extra, 14 * DAY + s, 16 * DAY, 15 * DAY + 2 * s, True, False)
     # The header moves, the page does not: rendered per request, dropped for good.
-    assert not observe_modified(extra, 17 * DAY, 17 * DAY, 16 * DAY, False, False)
+    assert not observe_modified(extra, 17 * DAY + s, 17 * DAY + 2 * s, 16 * DAY, False, False)
     assert "lm" not in extra and history(extra)[4:7] == (0, 0.0, 0)
-    assert not observe_modified(extra, 18 * DAY, 19 * DAY, 17 * DAY, True, False)
+    assert not observe_modified(extra, 18 * DAY + s, 19 * DAY, 17 * DAY, True, False)
     assert "lm" not in extra
     # A header within a minute of the response: rendered, not changed.
     rendered: dict = {}
@@ -736,6 +737,61 @@ def test_last_modified_observations():
     assert history(rendered)[4:7] == (0, 0.0, 0)
     # A header from the future (a skewed clock) says nothing.
     assert not observe_modified({}, 20 * DAY, 19 * DAY, 0.0, True, True)
+    # Observations stored by an older version (four numbers) go on counting.
+    old = {"lm": [1, 3 * DAY, 7 * DAY + s, 1]}
+    assert observe_modified(old, 13 * DAY + s, 15 * DAY + s, 12 * DAY, True, False)
+    assert history(old)[4:7] == (2, 5 * DAY, 1) and history(old)[9:] == (0, 0.0, 0.0)
+
+
+def test_a_date_without_its_hour_is_a_window_not_an_instant():
+    """A Last-Modified at midnight (a date without its hour) places the
+    change somewhere in that day: counted as a change within the window and
+    none after it, never as a change at midnight."""
+    from vertical.policies.estimate import granularity, history, observe_modified
+
+    assert granularity(20 * DAY) == DAY and granularity(20 * DAY + 7200) == 3600
+    assert granularity(20 * DAY + 7201) == 0
+    extra: dict = {}
+    # First visit at noon, the header says "day 10": a change in the 12 h
+    # since midnight, none after.
+    assert observe_modified(extra, 10 * DAY, 10.5 * DAY, 0.0, True, True)
+    assert history(extra)[4:7] == (0, 0.0, 1) and history(extra)[9:] == (1, DAY / 2, DAY / 2)
+    # Changed again, seen three days later: in day 11 (a day's window), none
+    # in the day and a half since.
+    assert observe_modified(extra, 11 * DAY, 13.5 * DAY, 10.5 * DAY, True, False)
+    assert history(extra)[4:6] == (0, 1.5 * DAY) and history(extra)[9:11] == (2, 1.5 * DAY)
+    # Changed later on the day of the last visit (the header's day is before
+    # that visit): the window runs from the visit to the day's end.
+    assert observe_modified(extra, 13 * DAY, 14.5 * DAY, 13.5 * DAY, True, False)
+    assert history(extra)[4:6] == (0, 2 * DAY) and history(extra)[9:11] == (3, 2 * DAY)
+
+
+def test_midnight_headers_do_not_make_fast_pages_look_daily():
+    """Pages changing every hour, with a date-only Last-Modified: taken as an
+    instant, midnight is half a day back on average, and the pages look as
+    if they changed about daily (worth chasing at any budget, never caught).
+    As a window, their posterior stays fast."""
+    rng = random.Random(4)
+    window, instant = [], []
+    for _ in range(300):
+        rate = 24.0 if rng.random() < 0.5 else 1 / 20  # hourly, or every 20 days (per day)
+        now = 100.0 + rng.random()
+        day = math.floor(now - rng.expovariate(rate))  # the header: the date of the last change
+        hi = min(day + 1, now)
+        window.append((rate, (0, 0, 0.0, 0.0, 0, now - hi, 1, 0, 0.0, 1, hi - day, hi - day)))
+        instant.append((rate, (0, 0, 0.0, 0.0, 1, now - day, 1)))
+
+    def medians(histories):
+        dist = RateDistribution(1e-4, 100.0)
+        dist.fit([h for _, h in histories], iterations=50, sample=300)
+        means = [(rate, dist.mean(dist.posterior(*h))) for rate, h in histories]
+        return (statistics.median(m for rate, m in means if rate > 1),
+                statistics.median(m for rate, m in means if rate < 1))
+
+    fast, slow = medians(window)
+    assert fast > 10 and slow < 0.1
+    fast, _ = medians(instant)
+    assert fast < 3  # about daily: the error the window avoids
 
 
 def test_last_modified_tells_fast_from_slow_in_one_visit():
@@ -771,13 +827,13 @@ def test_optimal_reads_last_modified_from_the_record():
     page, bogus, plain = rec(1, level=2), rec(2, level=2), rec(3, level=2)
     for r in (page, bogus, plain):
         s.set_discovered(r, 0.0)
-    page.last_modified = formatdate(-100 * DAY, usegmt=True)  # untouched for 100 days
+    page.last_modified = formatdate(-100 * DAY + 1234, usegmt=True)  # untouched for 100 days
     bogus.last_modified = formatdate(0, usegmt=True)  # "changed just now"
     for r in (page, bogus, plain):
         s.set_fetched(r, 0.0, changed=True)
-    assert page.extra["lm"][1] == 100 * DAY and "lm" not in plain.extra
+    assert page.extra["lm"][1] == 100 * DAY - 1234 and "lm" not in plain.extra
     # "Changed just now" is not taken at its word: kept, not counted.
-    assert bogus.extra["lm"] == [0, 0.0, 0.0, 0]
+    assert bogus.extra["lm"][:4] == [0, 0.0, 0.0, 0] and bogus.extra["lm"][4] == 0
     assert s.rate(page) < s.rate(plain) == s.rate(bogus)
     # The bogus header moves on an unchanged page: ignored from then on.
     bogus.last_modified = formatdate(DAY, usegmt=True)

@@ -26,9 +26,14 @@ A visit that finds a change at ``m`` then has the likelihood
 Garcia-Molina; and even the first visit tells something: the time since the
 last change of a page changing at ``lambda`` is exponential of rate
 ``lambda`` (the Poisson process is memoryless), so one fetch already weighs
-fast against slow. :func:`observe_modified` keeps these two numbers, and
+fast against slow. :func:`observe_modified` keeps these numbers, and
 drops them for a page whose header moves while its content does not (a
-header rendered on every request says nothing).
+header rendered on every request says nothing). A header at midnight is
+most likely a date without its hour (:func:`granularity`): the change came
+some time in the next day, so the observation is interval-censored,
+``e^(-lambda (now - m - w)) (1 - e^(-lambda w))`` for a day ``w``. Taken as
+exact, the day's lag would make every page changing several times a day
+look like one changing about daily, worth chasing and never caught.
 
 A page visited a handful of times says little about its own rate, but a site
 says a lot about its pages: :class:`RateDistribution` learns the site's
@@ -60,6 +65,7 @@ __all__ = [
     "cho_irregular",
     "cho_regular",
     "counts",
+    "granularity",
     "history",
     "observe_modified",
     "parse_http_date",
@@ -71,7 +77,9 @@ __all__ = [
 #: Key of ``record.extra`` holding ``[changed, unchanged, changed_time, unchanged_time]``.
 COUNTS_KEY = "chg"
 #: Key of ``record.extra`` holding the Last-Modified observations:
-#: ``[changes, exposure, last_modified, first]`` (see :func:`observe_modified`).
+#: ``[changes, exposure, last_modified, first, coarse, coarse_width,
+#: first_width]`` (see :func:`observe_modified`; older records have the
+#: first four).
 MODIFIED_KEY = "lm"
 #: Key of ``record.extra`` holding ``[changed, changed_time]`` of the visits
 #: made sooner to learn (see ``OptimalSchedule``'s probes): kept apart from
@@ -83,6 +91,7 @@ PROBE_KEY = "prb"
 MODIFIED_BAD_KEY = "lmx"
 #: Seconds: a Last-Modified closer than this to the response says nothing.
 RENDERED = 60.0
+_HOUR, _DAY = 3600.0, 86400.0
 
 
 def naive_rate(visits: int, changed: int, interval: float) -> float:
@@ -164,6 +173,18 @@ def parse_http_date(value: str | None) -> float | None:
     return parsed.timestamp()
 
 
+def granularity(modified: float) -> float:
+    """Seconds after ``modified`` (a ``Last-Modified`` timestamp) in which
+    the change it reports may lie: a day for a header at midnight (a date
+    without its hour, as many CMSs and sitemaps give), an hour for one on
+    the hour, 0 otherwise. A precise header lands there by chance once in
+    3,600 or 86,400 times, and then only says a little less than it could."""
+    for unit in (_DAY, _HOUR):
+        if modified % unit == 0:
+            return unit
+    return 0.0
+
+
 def observe_modified(extra: MutableMapping[str, Any], modified: float | None, now: float, previous: float,
                      changed: bool, first: bool) -> bool:
     """Add one visit's ``Last-Modified`` (``modified``, a timestamp) to the
@@ -182,8 +203,15 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
       counts the same ``e^(-lambda t)``).
     * No change but the header moved: the header is rendered per request;
       the page's observations are dropped and its header ignored from now on.
-    * A change the header places before the previous visit (a date without
-      its hour): the changed / unchanged bit alone.
+    * A change the header places before the previous visit: the
+      changed / unchanged bit alone.
+
+    A coarse header (see :func:`granularity`) places the change in a window
+    rather than at an instant: ``[m, m + granularity]``, cut to the time
+    since the previous visit (or since ``m`` on the first). It counts as a
+    change somewhere in that window (``coarse``, ``coarse_width``) and none
+    from its end to now (``exposure``); ``first_width`` is the first
+    visit's window.
     """
     if modified is None or modified > now or extra.get(MODIFIED_BAD_KEY):
         return False
@@ -192,27 +220,47 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
     # time it was rendered: kept to compare with the next one, not counted.
     rendered = now - modified < RENDERED
     if first or obs is None:
-        counted = first and not rendered
-        extra[MODIFIED_KEY] = [1, now - modified, modified, 1] if counted else [0, 0.0, modified, 0]
-        return counted
-    moved = modified > obs[2]
-    if changed and moved and modified > previous and not rendered:
-        obs[0] += 1
-        obs[1] += now - modified
-        obs[2] = modified
+        extra[MODIFIED_KEY] = obs = [0, 0.0, modified, 0, 0, 0.0, 0.0]
+        if not first or rendered:
+            return False
+        obs[3] = 1
+        obs[6] = _count_change(obs, modified, modified + granularity(modified), now)
         return True
+    if len(obs) < 7:  # stored by an older version: no coarse changes then
+        obs.extend([0, 0.0, 0.0][len(obs) - 4:])
+    moved = modified > obs[2]
     if not changed and moved:
         extra.pop(MODIFIED_KEY, None)
         extra[MODIFIED_BAD_KEY] = 1
         return False
+    # The change lies in (lo, hi]: after the previous visit, and within the
+    # header's window (an instant for a precise header).
+    lo, hi = max(modified, previous), min(modified + granularity(modified), now)
+    if changed and moved and not rendered and (modified > previous or hi > lo):
+        _count_change(obs, lo, hi, now)
+        obs[2] = modified
+        return True
     obs[2] = max(obs[2], modified)
     return False
 
 
+def _count_change(obs: list[Any], lo: float, hi: float, now: float) -> float:
+    """Count a change in ``[lo, hi]`` and none since; returns the window's width."""
+    hi = min(hi, now)
+    width = hi - lo
+    if width > 0:
+        obs[4] += 1
+        obs[5] += width
+    else:
+        obs[0] += 1
+    obs[1] += now - hi
+    return max(width, 0.0)
+
+
 #: ``(changed, unchanged, changed_time, unchanged_time, modified_changes,
-#: modified_exposure, first_modified, probe_changed, probe_changed_time)``:
-#: a page's observations.
-History = tuple[float, float, float, float, float, float, float, float, float]
+#: modified_exposure, first_modified, probe_changed, probe_changed_time,
+#: coarse_changes, coarse_width, first_width)``: a page's observations.
+History = tuple[float, float, float, float, float, float, float, float, float, float, float, float]
 
 
 def history(extra: MutableMapping[str, Any]) -> History:
@@ -221,8 +269,9 @@ def history(extra: MutableMapping[str, Any]) -> History:
     m = extra.get(MODIFIED_KEY)
     p = extra.get(PROBE_KEY) or (0, 0.0)
     if m is None:
-        return (*counts(extra), 0, 0.0, 0, int(p[0]), float(p[1]))
-    return (*counts(extra), int(m[0]), float(m[1]), int(m[3]), int(p[0]), float(p[1]))
+        return (*counts(extra), 0, 0.0, 0, int(p[0]), float(p[1]), 0, 0.0, 0.0)
+    coarse, width, first_width = (int(m[4]), float(m[5]), float(m[6])) if len(m) >= 7 else (0, 0.0, 0.0)
+    return (*counts(extra), int(m[0]), float(m[1]), int(m[3]), int(p[0]), float(p[1]), coarse, width, first_width)
 
 _DIGIT = re.compile(r"\d")
 
@@ -255,6 +304,11 @@ def url_section(url: str, depth: int = 2) -> str | None:
 
 
 _FLOOR = 1e-9  # the least weight of a rate
+
+
+def _log_changed(x: float) -> float:
+    """``log(1 - e^-x)``: a change within an interval, ``x`` = rate times its length."""
+    return math.log(-math.expm1(-x)) if x > 1e-12 else math.log(max(x, 1e-300))
 
 
 class RateDistribution:
@@ -310,33 +364,41 @@ class RateDistribution:
 
     def posterior(self, changed: float, unchanged: float, changed_time: float, unchanged_time: float,
                   modified_changes: float = 0, modified_exposure: float = 0.0, first_modified: float = 0,
-                  probe_changed: float = 0, probe_changed_time: float = 0.0) -> list[float]:
+                  probe_changed: float = 0, probe_changed_time: float = 0.0, coarse_changes: float = 0,
+                  coarse_width: float = 0.0, first_width: float = 0.0) -> list[float]:
         """The probability of each rate of :attr:`rates` given a page's
         observations (a :data:`History`). The first visit's time since the
-        last change is a density ``lambda e^(-lambda a)``; for a page that
+        last change is a density ``lambda e^(-lambda a)`` (for a coarse
+        header, the chance of a change in its window); for a page that
         never changes it is the time since the page was written, given the
-        density of the slowest rate of the grid. Changes found by probes
-        count as the others do, at their own mean interval."""
-        if changed <= 0 and unchanged <= 0 and modified_changes <= 0 and modified_exposure <= 0:
+        likelihood of the slowest rate of the grid. Changes found by probes
+        and changes in coarse headers' windows count as the others do, at
+        their own mean interval."""
+        if (changed <= 0 and unchanged <= 0 and modified_changes <= 0 and modified_exposure <= 0
+                and coarse_changes <= 0):
             return list(self.weights)
         mean_changed = changed_time / changed if changed > 0 else 0.0
         mean_probe = probe_changed_time / probe_changed if probe_changed > 0 else 0.0
+        mean_coarse = coarse_width / coarse_changes if coarse_changes > 0 else 0.0
         exposure = unchanged_time + modified_exposure
+        slowest = self.rates[1]
         logs = []
         for rate, log_weight in zip(self.rates, self._log_weights):
             if rate == 0.0:
-                static = changed <= 0 and probe_changed <= 0 and modified_changes <= first_modified
-                logs.append(log_weight + first_modified * math.log(self.rates[1]) if static else -math.inf)
+                static = (changed <= 0 and probe_changed <= 0
+                          and modified_changes + coarse_changes <= first_modified)
+                first = math.log(slowest) if first_width <= 0 else _log_changed(slowest * first_width)
+                logs.append(log_weight + first_modified * first if static else -math.inf)
                 continue
             ll = log_weight - rate * exposure
             if modified_changes > 0:
                 ll += modified_changes * math.log(rate)
             if changed > 0:
-                x = rate * mean_changed
-                ll += changed * (math.log(-math.expm1(-x)) if x > 1e-12 else math.log(max(x, 1e-300)))
+                ll += changed * _log_changed(rate * mean_changed)
             if probe_changed > 0:
-                x = rate * mean_probe
-                ll += probe_changed * (math.log(-math.expm1(-x)) if x > 1e-12 else math.log(max(x, 1e-300)))
+                ll += probe_changed * _log_changed(rate * mean_probe)
+            if coarse_changes > 0:
+                ll += coarse_changes * _log_changed(rate * mean_coarse)
             logs.append(ll)
         top = max(logs)
         post = [math.exp(v - top) if v > -math.inf else 0.0 for v in logs]
@@ -366,7 +428,7 @@ class RateDistribution:
         chosen: list[History] = []
         seen = 0
         for h in histories:
-            if h[0] + h[1] <= 0 and h[4] + h[5] <= 0:
+            if h[0] + h[1] <= 0 and h[4] + h[5] <= 0 and (len(h) < 10 or h[9] <= 0):
                 continue
             seen += 1
             if len(chosen) < sample:

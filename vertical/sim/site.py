@@ -211,7 +211,13 @@ def make_site(scn: Scenario, seed: int) -> Site:
         r = rate[initial]
         back = np.where(r > 0, r2.exponential(1.0, n_initial) / np.where(r > 0, r, 1.0), r2.random(n_initial) * 730.0)
         born_modified[initial] = -back
-        lag = r2.random(len(times)) * lm["lag_days"]
+        lag = np.zeros(len(times))
+        if lm["lag_days"] > 0:
+            # A date without its hour: the header truncates the change time
+            # to a multiple of lag_days (midnight, for a day), as such sites do.
+            step = lm["lag_days"]
+            lag = times - np.floor(times / step) * step
+            born_modified = np.floor(born_modified / step) * step
     host = None
     if scn.hosts_politeness:
         shares = np.array([a for a, _ in scn.hosts_politeness])
