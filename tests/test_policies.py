@@ -820,6 +820,45 @@ def test_last_modified_tells_fast_from_slow_in_one_visit():
     assert sum(week) / len(week) == pytest.approx(sum(math.exp(-7 * r) for r, _ in pages) / len(pages), abs=0.02)
 
 
+def test_the_age_of_static_pages_is_learned():
+    """A first visit's Last-Modified tells a static page from a slow one by
+    the time since it was written, and that time is the site's history: on
+    a site whose static pages were written over four years, taking it from
+    the grid's slowest rate (150 days) calls most slow pages static. The
+    fit learns it (the median: two years) and the static share comes out
+    right."""
+    rng = random.Random(1)
+    pages = []
+    for _ in range(2000):
+        if rng.random() < 0.4:
+            rate, age = 0.0, rng.random() * 1460 * DAY
+        else:
+            rate = rng.choice([1 / 100, 1 / 20]) / DAY
+            age = rng.expovariate(rate)
+        pages.append((rate, (0, 0, 0.0, 0.0, 1, age, 1)))
+
+    def fitted(learn: bool) -> tuple[RateDistribution, float]:
+        dist = RateDistribution(0.1 / (30 * DAY), 10 / 3600)
+        assert dist.static_age == pytest.approx(150 * DAY)
+        if not learn:
+            dist._learn_static_age = lambda written: None
+        dist.fit([h for _, h in pages], iterations=100, sample=2000)
+        slow = [dist.posterior(*h)[0] for rate, h in pages if rate > 0]
+        return dist, sum(slow) / len(slow)
+
+    dist, slow_as_static = fitted(True)
+    assert dist.static_age == pytest.approx(730 * DAY, rel=0.1)
+    assert dist.weights[0] == pytest.approx(0.4, abs=0.03) and slow_as_static < 0.2
+    dist, slow_as_static = fitted(False)
+    assert dist.weights[0] > 0.6 and slow_as_static > 0.4  # what the learning fixes
+    # Kept with the schedule's state, and a section keeps the site's.
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    s.population.static_age = 700 * DAY
+    other = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    other.load_state(s.state())
+    assert other.population.static_age == 700 * DAY and other.population.like().static_age == 700 * DAY
+
+
 def test_optimal_reads_last_modified_from_the_record():
     from email.utils import formatdate
 

@@ -328,6 +328,13 @@ class RateDistribution:
     most pages are, and a page seen changed once is not assumed to change
     every day. The starting weights (half static, the rest even over the
     grid) say nothing until pages have been visited twice.
+
+    A first visit's Last-Modified weighs static against slow by the time
+    since the page was written. For a page that never changes that time is
+    the site's history, not a rate: it is taken as uniform over twice
+    :attr:`static_age`, which :meth:`fit` learns (the median of those times
+    among the pages it finds static), starting from half the slowest rate's
+    mean interval.
     """
 
     def __init__(self, low: float, high: float, per_decade: int = 6) -> None:
@@ -337,6 +344,8 @@ class RateDistribution:
         self.rates = [0.0] + [low * (high / low) ** (i / (n - 1)) for i in range(n)]
         self.weights = [0.5] + [0.5 / n] * n
         self._log_weights = self._logs(self.weights)
+        #: Seconds: the median time since a page that never changes was written.
+        self.static_age = 0.5 / self.rates[1]
 
     def like(self, weights: Sequence[float] | None = None) -> RateDistribution:
         """A distribution on the same grid, with ``weights`` (default: these)."""
@@ -344,6 +353,7 @@ class RateDistribution:
         other.rates = self.rates
         other.weights = list(self.weights)
         other._log_weights = list(self._log_weights)
+        other.static_age = self.static_age
         if weights is not None:
             other.set_weights(weights)
         return other
@@ -370,8 +380,8 @@ class RateDistribution:
         observations (a :data:`History`). The first visit's time since the
         last change is a density ``lambda e^(-lambda a)`` (for a coarse
         header, the chance of a change in its window); for a page that
-        never changes it is the time since the page was written, given the
-        likelihood of the slowest rate of the grid. Changes found by probes
+        never changes it is the time since the page was written, of density
+        ``1 / (2 static_age)``. Changes found by probes
         and changes in coarse headers' windows count as the others do, at
         their own mean interval."""
         if (changed <= 0 and unchanged <= 0 and modified_changes <= 0 and modified_exposure <= 0
@@ -381,13 +391,13 @@ class RateDistribution:
         mean_probe = probe_changed_time / probe_changed if probe_changed > 0 else 0.0
         mean_coarse = coarse_width / coarse_changes if coarse_changes > 0 else 0.0
         exposure = unchanged_time + modified_exposure
-        slowest = self.rates[1]
+        written = 2.0 * self.static_age  # a static page's age is uniform over this
         logs = []
         for rate, log_weight in zip(self.rates, self._log_weights):
             if rate == 0.0:
                 static = (changed <= 0 and probe_changed <= 0
                           and modified_changes + coarse_changes <= first_modified)
-                first = math.log(slowest) if first_width <= 0 else _log_changed(slowest * first_width)
+                first = -math.log(written) if first_width <= 0 else math.log(min(1.0, first_width / written))
                 logs.append(log_weight + first_modified * first if static else -math.inf)
                 continue
             ll = log_weight - rate * exposure
@@ -404,6 +414,20 @@ class RateDistribution:
         post = [math.exp(v - top) if v > -math.inf else 0.0 for v in logs]
         total = sum(post)
         return [p / total for p in post]
+
+    def _learn_static_age(self, ages: list[tuple[float, float]], least: float = 10.0) -> None:
+        """Set :attr:`static_age` to the weighted median of ``(age, weight)``,
+        once they weigh ``least`` pages: a median, so that a few headers from
+        1970 do not stretch the site's history."""
+        total = math.fsum(w for _, w in ages)
+        if total < least:
+            return
+        half, run = total / 2, 0.0
+        for age, w in sorted(ages):
+            run += w
+            if run >= half:
+                self.static_age = max(age, 1.0)
+                return
 
     def mean(self, posterior: Sequence[float]) -> float:
         """The expected rate under ``posterior`` (per second)."""
@@ -423,7 +447,8 @@ class RateDistribution:
         ``(sum of the pages' posteriors + strength * toward) / (pages +
         strength)``, so a section of a few pages stays close to the site and
         one of many speaks for itself (James-Stein-like shrinkage, as in
-        empirical Bayes for many small groups)."""
+        empirical Bayes for many small groups). Without ``toward`` each step
+        also learns :attr:`static_age`; a section keeps the site's."""
         rng = rng or random.Random(0)
         chosen: list[History] = []
         seen = 0
@@ -439,9 +464,16 @@ class RateDistribution:
             return 0
         for _ in range(iterations):
             acc = [0.0] * len(self.rates)
+            ages: list[tuple[float, float]] = []  # (time since written, chance the page is static)
             for h in chosen:
-                for i, p in enumerate(self.posterior(*h)):
+                post = self.posterior(*h)
+                for i, p in enumerate(post):
                     acc[i] += p
+                if post[0] > 0 and len(h) > 6 and h[6] > 0:
+                    # A static page's only Last-Modified observation is its first.
+                    ages.append((h[5] + (h[11] if len(h) > 11 else 0.0), post[0]))
+            if toward is None:
+                self._learn_static_age(ages)
             if toward is not None and strength > 0:
                 acc = [a + strength * t for a, t in zip(acc, toward, strict=True)]
                 self.set_weights([a / (len(chosen) + strength) for a in acc])

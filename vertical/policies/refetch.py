@@ -362,6 +362,7 @@ class OptimalSchedule(FetchSchedule):
         priors: dict[str, RateDistribution] = {}
         for key in kept:
             dist = self.family_priors.get(key) or self.population.like()
+            dist.static_age = self.population.static_age  # the site's history, not the section's
             if dist.fit(groups.get(key, ()), iterations, self.family_sample, self._family_rng,
                         toward=site, strength=self.family_weight):
                 priors[key] = dist
@@ -567,6 +568,7 @@ class OptimalSchedule(FetchSchedule):
         state: dict[str, Any] = {"mu": self.mu, "lateness": self.lateness}
         if self.population is not None:
             state["population"] = list(self.population.weights)
+            state["static_age"] = self.population.static_age
         if self.family_priors:
             # At most ``families`` entries of one grid each: bounded.
             state["families"] = {key: [self.family_pages.get(key, 0), list(dist.weights)]
@@ -582,7 +584,9 @@ class OptimalSchedule(FetchSchedule):
         if not stored or not isinstance(stored, dict) or stored == opened:
             return current  # nobody else wrote since this run loaded it
         merged = dict(stored)
-        for key in ("mu", "lateness"):
+        for key in ("mu", "lateness", "static_age"):
+            if key not in current:
+                continue
             try:
                 merged[key] = (float(stored.get(key, current[key])) + current[key]) / 2
             except (TypeError, ValueError):
@@ -610,6 +614,11 @@ class OptimalSchedule(FetchSchedule):
         self.mu = float(state.get("mu", self.mu))
         self.lateness = float(state.get("lateness", self.lateness))
         weights = state.get("population")
+        if self.population is not None and state.get("static_age"):
+            try:
+                self.population.static_age = float(state["static_age"])
+            except (TypeError, ValueError):
+                pass  # learn it again
         if self.population is not None and weights:
             try:
                 self.population.set_weights(weights)
