@@ -30,10 +30,11 @@ fast against slow. :func:`observe_modified` keeps these numbers, and
 drops them for a page whose header moves while its content does not (a
 header rendered on every request says nothing). A header at midnight is
 most likely a date without its hour (:func:`granularity`): the change came
-some time in the next day, so the observation is interval-censored,
-``e^(-lambda (now - m - w)) (1 - e^(-lambda w))`` for a day ``w``. Taken as
-exact, the day's lag would make every page changing several times a day
-look like one changing about daily, worth chasing and never caught.
+some time in the 24 hours that follow, so the observation is
+interval-censored, ``e^(-lambda (now - m - w)) (1 - e^(-lambda w))`` for a
+day ``w``. Taken as exact, the day's lag would make every page changing
+several times a day look like one changing about daily, worth chasing and
+never caught.
 
 A page visited a handful of times says little about its own rate, but a site
 says a lot about its pages: :class:`RateDistribution` learns the site's
