@@ -27,8 +27,9 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
 
 ``lastmod``: a share of the documents answer with a ``Last-Modified``
 header: the time of their last change, or (``lag_days``) that time cut to a
-multiple of ``lag_days`` (1: a date without its hour), or for ``bogus_share`` of them the
-time of the request (a page rendered on every request). The others send none.
+multiple of ``lag_days`` (1: a date without its hour), or for
+``bogus_share`` of them the time of the request (a page rendered on every
+request). The others send none.
 With ``sitemap_hours`` the same pages are listed in a sitemap with that
 lastmod, read every so many hours (a fetch not counted against the budget).
 
