@@ -126,6 +126,10 @@ def test_default_schedule_learns_the_sites_change_rates(demo, tmp_path):
     # Last-Modified counted; the entry page (level 0) announces, it is not learned from.
     revisited = [r for r in records(store).values()
                  if r.level > 0 and (h := history(r.extra)) and (h[0] + h[1] > 0 or h[4] + h[5] > 0 or h[9] > 0)]
+    # The demo site's Last-Modified are dates (at midnight): each counts as
+    # a change somewhere in that day, never at 00:00.
+    dated = [history(r.extra) for r in revisited if "lm" in r.extra]
+    assert dated and all(h[4] == 0 and h[9] >= 1 for h in dated)
     demo.set_step(2)
     third = crawl(site, store, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": 4 * DAY})
     assert third.stat("vertical/schedule/learned_from") == len(revisited) > 0
