@@ -204,8 +204,8 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
       counts the same ``e^(-lambda t)``).
     * No change but the header moved: the header is rendered per request;
       the page's observations are dropped and its header ignored from now on.
-    * A change the header places before the previous visit: the
-      changed / unchanged bit alone.
+    * A change the header places before the previous visit (its whole
+      window, for a coarse header): the changed / unchanged bit alone.
 
     A coarse header (see :func:`granularity`) places the change in a window
     rather than at an instant: ``[m, m + granularity]``, cut to the time
