@@ -463,6 +463,7 @@ class RateDistribution:
                 chosen[j] = h
         if not chosen:
             return 0
+        learn_age = toward is None  # a section keeps the site's static age
         for _ in range(iterations):
             acc = [0.0] * len(self.rates)
             ages: list[tuple[float, float]] = []  # (time since written, chance the page is static)
@@ -470,10 +471,10 @@ class RateDistribution:
                 post = self.posterior(*h)
                 for i, p in enumerate(post):
                     acc[i] += p
-                if post[0] > 0 and len(h) > 6 and h[6] > 0:
+                if learn_age and post[0] > 0 and len(h) > 6 and h[6] > 0:
                     # A static page's only Last-Modified observation is its first.
                     ages.append((h[5] + (h[11] if len(h) > 11 else 0.0), post[0]))
-            if toward is None:
+            if learn_age:
                 self._learn_static_age(ages)
             if toward is not None and strength > 0:
                 acc = [a + strength * t for a, t in zip(acc, toward, strict=True)]
