@@ -887,6 +887,35 @@ def test_optimal_reads_last_modified_from_the_record():
     assert "lm" not in r.extra
 
 
+def test_a_header_that_stays_while_the_page_changes_is_dropped():
+    """``Last-Modified: Thu, 01 Jan 1970`` (a server that does not know) on a
+    page that changes daily. Taken at its word the first visit says
+    "unchanged for 56 years", which no later visit outweighs: the page
+    would wait the longest delay for good. Once the page is seen changed
+    with the header still there, the header is dropped for the page."""
+    from email.utils import formatdate
+
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    page = rec(1, level=2)
+    s.set_discovered(page, 0.0)
+    page.last_modified = formatdate(0, usegmt=True)
+    now = 1.7e9
+    s.set_fetched(page, now, changed=True)
+    assert page.extra["lm"][1] > 50 * 365 * DAY
+    for _ in range(4):  # changed at every daily visit, the header never moves
+        now += DAY
+        s.set_fetched(page, now, changed=True)
+    assert page.extra.get("lmx") == 1 and "lm" not in page.extra
+    assert page.next_fetch - page.fetch_time < 30 * DAY
+    # A date without its hour that stays while the page changes later the
+    # same day is not a contradiction: kept.
+    extra: dict = {}
+    from vertical.policies.estimate import observe_modified
+    assert observe_modified(extra, 10 * DAY, 10.25 * DAY, 0.0, True, True)
+    assert observe_modified(extra, 10 * DAY, 10.75 * DAY, 10.25 * DAY, True, False) is False
+    assert "lm" in extra and "lmx" not in extra
+
+
 def test_refetch_max_yields_to_a_budget_that_cannot_afford_it():
     s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
     s.set_budget(1000.0, 1000)  # one fetch per page per day: max holds

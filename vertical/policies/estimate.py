@@ -204,6 +204,11 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
       counts the same ``e^(-lambda t)``).
     * No change but the header moved: the header is rendered per request;
       the page's observations are dropped and its header ignored from now on.
+    * A change, the header did not move, and the previous visit was past
+      the header's window: the header is not the content's change time
+      (``Thu, 01 Jan 1970``, a publication date); dropped the same way.
+      Kept, its first visit would say "unchanged for 56 years" and the
+      page would wait the longest delay however often it changes.
     * A change the header places before the previous visit (its whole
       window, for a coarse header): the changed / unchanged bit alone.
 
@@ -230,7 +235,12 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
     if len(obs) < 7:  # stored by an older version: no coarse changes then
         obs.extend([0, 0.0, 0.0][len(obs) - 4:])
     moved = modified > obs[2]
-    if not changed and moved:
+    # The header contradicts the page: it moved while the page did not
+    # (rendered per request), or the page changed after the header's whole
+    # window and the header stayed (a date that is not the content's: the
+    # Unix epoch, a publication date). Either way it says nothing.
+    stale = changed and not moved and previous >= obs[2] + granularity(obs[2])
+    if (not changed and moved) or stale:
         extra.pop(MODIFIED_KEY, None)
         extra[MODIFIED_BAD_KEY] = 1
         return False
