@@ -1239,3 +1239,33 @@ def test_redis_calls_after_one_gave_up_try_once_until_redis_answers(monkeypatch)
     with pytest.raises(redis.ConnectionError):
         store._retry(operation)
     assert len(tries) > 1  # patience again
+
+
+def _open_store(path: str, barrier: object, errors: object) -> None:
+    try:
+        barrier.wait()
+        SQLiteFrontier(path).close()
+    except Exception as exc:  # noqa: BLE001 (reported to the test)
+        errors.put(repr(exc))
+
+
+def test_processes_opening_a_new_sqlite_store_at_once_all_open_it(tmp_path):
+    """Crawls started together on a new store (cron, a test, Scrapyd jobs)
+    all ask SQLite to switch it to WAL, and SQLite answers "database is
+    locked" at once, without waiting, to all but one: a crawl died at open
+    (one run of a two-process test). Six processes at a time, thirty new
+    stores: every one opens."""
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for i in range(30):
+        barrier = ctx.Barrier(6)
+        procs = [ctx.Process(target=_open_store, args=(str(tmp_path / f"{i}.sqlite3"), barrier, errors))
+                 for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=60)
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert failures == []
