@@ -295,7 +295,7 @@ class FrontierScheduler(BaseScheduler):
         # The store thread owns the seen test (its lookups are store reads):
         # the guard asks the filter alone, which may take a new URL for a
         # known one (at the filter's error rate), never the other way round.
-        self.barren = BarrenGuard.for_site(site, _FilterOnly(self.seen))
+        self.barren = BarrenGuard.for_site(site, _FilterOnly(self.seen), on_room=self._wake_engine)
         per_day = self._budget_per_day()
         await call(self.frontier.set_meta, site.name, "budget", self._budget)
         await self._fit_schedule(records, per_day)
@@ -655,6 +655,7 @@ class FrontierScheduler(BaseScheduler):
         """A record handed out has come back to the commit (written soon)."""
         self._inflight.pop(record.fingerprint, None)
         self._arrived(record.fingerprint)
+        self.barren.landed(record.fingerprint)
 
     def holds(self, record: URLRecord) -> bool:
         """Was ``record`` handed out by this scheduler and not yet settled?"""
@@ -746,6 +747,9 @@ class FrontierScheduler(BaseScheduler):
             if not self._committable(queue[0][2]):
                 self.stats.inc_value("vertical/scheduler/lease_unconfirmed")
                 continue  # the store has not renewed its claim for long: keep it
+            if not self.barren.hand_out(queue[0][2]):
+                self.stats.inc_value("vertical/scheduler/family_waits")
+                continue  # its family's budget is taken by first fetches under way
             record = heapq.heappop(queue)[2]
             self._queued.discard(record.fingerprint)
             self._claimed_at.pop(record.fingerprint, None)

@@ -263,11 +263,14 @@ class BarrenGuard:
       ``family_budget`` of its pages were barren at their first fetch, none
       of its URLs is fetched any more for the first time (they are refused
       at discovery and again before their fetch, :meth:`refuse_fetch`). A
-      branching trap (faceted search, session ids minted on every page)
-      costs at most ``family_budget`` fetches that yield nothing, plus those
-      in flight; a family that yields is never refused, however large, nor
-      are the links of productive pages (a listing that links its 2 000
-      pages at once).
+      first fetch counts against its family from the moment it is handed
+      out (:meth:`hand_out`), not when its links are read: pages fetched but
+      not yet parsed (the spider runs behind the downloader on a loaded
+      machine) cannot carry a family past its budget. A branching trap
+      (faceted search, session ids minted on every page) costs at most
+      ``family_budget`` first fetches that yield nothing; a family that
+      yields is never refused, however large, nor are the links of
+      productive pages (a listing that links its 2 000 pages at once).
 
     Plain Python: ``is_document(url)`` applies the site's document rules and
     ``new(fingerprints)`` answers which fingerprints the frontier does not
@@ -284,17 +287,22 @@ class BarrenGuard:
         new: Callable[[set[int]], set[int]],
         max_hops: int = 20,
         family_budget: int = 1000,
+        on_room: Callable[[], None] = lambda: None,
     ) -> None:
         self.is_document = is_document
         self.new = new
+        self.on_room = on_room
         self.max_hops = max_hops
         self.family_budget = family_budget
         self.barren: Counter[str] = Counter()  # family -> pages barren at their first fetch
         self.spawned: Counter[str] = Counter()  # family -> URLs admitted from its own barren pages
+        self.under_way: Counter[str] = Counter()  # family -> first fetches handed out, not yet noted
+        self._under_way: dict[int, str] = {}  # their fingerprints -> family
+        self._waiting: set[str] = set()  # families whose next first fetch waits for those under way
         self._below: OrderedDict[int, int] = OrderedDict()  # page fingerprint -> hops of its links
 
     @classmethod
-    def for_site(cls, site: Any, seen: Any) -> BarrenGuard:
+    def for_site(cls, site: Any, seen: Any, on_room: Callable[[], None] = lambda: None) -> BarrenGuard:
         """The guard of a ``SiteConfig``, asking ``seen.check_many`` what is new."""
         patterns = [rule.match for rule in site.documents]
         return cls(
@@ -302,12 +310,14 @@ class BarrenGuard:
             lambda fps: seen.check_many(fps)[0],
             max_hops=site.traps.max_barren_hops,
             family_budget=site.traps.family_budget,
+            on_room=on_room,
         )
 
     def page_links(self, page: Any, urls: Collection[str]) -> bool:
         """Note the followed links of a fetched ``page`` (a ``URLRecord`` not
         yet written back) before they are admitted; return whether the page
         is productive."""
+        self.landed(page.fingerprint)
         if self.is_document(page.url):
             productive = True
         else:
@@ -345,6 +355,38 @@ class BarrenGuard:
                 return "url_family"
             self.spawned[family] += 1
         return None
+
+    def hand_out(self, record: Any) -> bool:
+        """Whether ``record`` may be handed out for its fetch now. A first
+        fetch of a page that is no document is counted under way in its
+        family until its links are noted (:meth:`page_links`) or it comes
+        back without them (:meth:`landed`). While the family's barren pages
+        and those under way fill its budget, its next URL waits: those under
+        way may still prove productive. A family that ran out goes on
+        handing out, for :meth:`refuse_fetch` to refuse."""
+        if record.visits or not self.family_budget or self.is_document(record.url):
+            return True
+        family = url_family(record.url)
+        if self.barren[family] < self.family_budget <= self.barren[family] + self.under_way[family]:
+            self._waiting.add(family)
+            return False
+        self._under_way[record.fingerprint] = family
+        self.under_way[family] += 1
+        return True
+
+    def landed(self, fp: int) -> None:
+        """A page handed out has come back (fetched, failed or refused): it
+        is no longer under way. Calls ``on_room`` when a URL of its family
+        was waiting for it."""
+        family = self._under_way.pop(fp, None)
+        if family is None:
+            return
+        self.under_way[family] -= 1
+        if not self.under_way[family]:
+            del self.under_way[family]
+        if family in self._waiting:
+            self._waiting.discard(family)
+            self.on_room()
 
     def refuse_fetch(self, record: Any) -> str | None:
         """Whether a URL admitted earlier should no longer be fetched: never

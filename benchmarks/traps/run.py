@@ -71,7 +71,8 @@ def run(site: WildSite, traps: dict[str, int], workdir: Path, code: Path | None 
         score[key] = score[key][:20]
     score["seconds"] = round(seconds, 1)
     score["stats"] = {k: v for k, v in sorted(result.stats.items())
-                      if k.startswith(("vertical/trap/", "vertical/duplicate/", "vertical/pages/"))}
+                      if k.startswith(("vertical/trap/", "vertical/duplicate/", "vertical/pages/",
+                                       "vertical/scheduler/family_waits"))}
     score["items"] = len(result.items)
     return score
 
