@@ -61,10 +61,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = [
+    "CHANGED_BINS_KEY",
     "COUNTS_KEY",
+    "PROBE_BINS_KEY",
     "RateDistribution",
     "cho_irregular",
     "cho_regular",
+    "changed_groups",
     "counts",
     "granularity",
     "history",
@@ -77,6 +80,16 @@ __all__ = [
 
 #: Key of ``record.extra`` holding ``[changed, unchanged, changed_time, unchanged_time]``.
 COUNTS_KEY = "chg"
+#: Key of ``record.extra`` holding the visits that found a change by the
+#: length of their interval: ``{bin: [changed, changed_time]}``, bin ``k``
+#: for intervals of 4^(k-1) to 4^k hours (see :func:`changed_groups`).
+#: Pooled at one mean, a change found after 30 days would wash out those
+#: found after a day: ``(1 - e^(-l t))`` is concave in ``t``, and the mean
+#: overstates the likelihood of slow rates (Jensen), most when the
+#: intervals differ most.
+CHANGED_BINS_KEY = "chb"
+#: The same bins for the changes found by probes (:data:`PROBE_KEY`).
+PROBE_BINS_KEY = "prbb"
 #: Key of ``record.extra`` holding the Last-Modified observations:
 #: ``[changes, exposure, last_modified, first, coarse, coarse_width,
 #: first_width]`` (see :func:`observe_modified`; older records have the
@@ -93,6 +106,7 @@ MODIFIED_BAD_KEY = "lmx"
 #: Seconds: a Last-Modified closer than this to the response says nothing.
 RENDERED = 60.0
 _HOUR, _DAY = 3600.0, 86400.0
+_BINS = 9  # the last from 4^7 hours (683 days) on
 
 
 def naive_rate(visits: int, changed: int, interval: float) -> float:
@@ -138,9 +152,42 @@ def observe(extra: MutableMapping[str, Any], changed: bool, interval: float) -> 
     if changed:
         c[0] += 1
         c[2] += interval
+        _add_to_bin(extra.setdefault(CHANGED_BINS_KEY, {}), interval)
     else:
         c[1] += 1
         c[3] += interval
+
+
+def _add_to_bin(bins: dict[str, list[float]], interval: float) -> None:
+    """Count a change found ``interval`` after the previous visit in its bin:
+    0 under an hour, then one per factor 4."""
+    k = 0 if interval < _HOUR else min(1 + int(math.log(interval / _HOUR, 4)), _BINS - 1)
+    found = bins.setdefault(str(k), [0, 0.0])
+    found[0] += 1
+    found[1] += interval
+
+
+def _groups(bins: Any, changed: float, changed_time: float) -> tuple[tuple[float, float], ...]:
+    """``(changed, changed_time)`` per bin of ``bins``, then what the totals
+    ``changed`` and ``changed_time`` hold beyond them (counted before the
+    bins were kept, by older code) as one group at its mean."""
+    groups = []
+    for found in (bins or {}).values():
+        n, t = int(found[0]), float(found[1])
+        if n > 0 and t > 0:
+            groups.append((n, t))
+            changed, changed_time = changed - n, changed_time - t
+    if changed > 0 and changed_time > 0:
+        groups.append((changed, changed_time))
+    return tuple(groups)
+
+
+def changed_groups(extra: MutableMapping[str, Any]) -> tuple[tuple[float, float], ...]:
+    """The visits that found a change, as ``(changed, changed_time)`` groups
+    of like intervals (:data:`CHANGED_BINS_KEY`). Empty for a page never
+    found changed."""
+    changed, _, changed_time, _ = counts(extra)
+    return _groups(extra.get(CHANGED_BINS_KEY), changed, changed_time)
 
 
 def observe_probe(extra: MutableMapping[str, Any], interval: float) -> None:
@@ -149,6 +196,7 @@ def observe_probe(extra: MutableMapping[str, Any], interval: float) -> None:
     found = extra.setdefault(PROBE_KEY, [0, 0.0])
     found[0] += 1
     found[1] += interval
+    _add_to_bin(extra.setdefault(PROBE_BINS_KEY, {}), interval)
 
 
 def counts(extra: MutableMapping[str, Any]) -> tuple[int, int, float, float]:
@@ -270,8 +318,11 @@ def _count_change(obs: list[Any], lo: float, hi: float, now: float) -> float:
 
 #: ``(changed, unchanged, changed_time, unchanged_time, modified_changes,
 #: modified_exposure, first_modified, probe_changed, probe_changed_time,
-#: coarse_changes, coarse_width, first_width)``: a page's observations.
-History = tuple[float, float, float, float, float, float, float, float, float, float, float, float]
+#: coarse_changes, coarse_width, first_width, changed_groups, probe_groups)``:
+#: a page's observations (the last two: the changes found by visits and by
+#: probes in groups of like intervals; when empty, each at its mean).
+History = tuple[float, float, float, float, float, float, float, float, float, float, float, float,
+                tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]
 
 
 def history(extra: MutableMapping[str, Any]) -> History:
@@ -279,10 +330,12 @@ def history(extra: MutableMapping[str, Any]) -> History:
     the changes its probes found (:data:`PROBE_KEY`)."""
     m = extra.get(MODIFIED_KEY)
     p = extra.get(PROBE_KEY) or (0, 0.0)
+    groups = changed_groups(extra), _groups(extra.get(PROBE_BINS_KEY), int(p[0]), float(p[1]))
     if m is None:
-        return (*counts(extra), 0, 0.0, 0, int(p[0]), float(p[1]), 0, 0.0, 0.0)
+        return (*counts(extra), 0, 0.0, 0, int(p[0]), float(p[1]), 0, 0.0, 0.0, *groups)
     coarse, width, first_width = (int(m[4]), float(m[5]), float(m[6])) if len(m) >= 7 else (0, 0.0, 0.0)
-    return (*counts(extra), int(m[0]), float(m[1]), int(m[3]), int(p[0]), float(p[1]), coarse, width, first_width)
+    return (*counts(extra), int(m[0]), float(m[1]), int(m[3]), int(p[0]), float(p[1]), coarse, width, first_width,
+            *groups)
 
 _DIGIT = re.compile(r"\d")
 
@@ -386,20 +439,26 @@ class RateDistribution:
     def posterior(self, changed: float, unchanged: float, changed_time: float, unchanged_time: float,
                   modified_changes: float = 0, modified_exposure: float = 0.0, first_modified: float = 0,
                   probe_changed: float = 0, probe_changed_time: float = 0.0, coarse_changes: float = 0,
-                  coarse_width: float = 0.0, first_width: float = 0.0) -> list[float]:
+                  coarse_width: float = 0.0, first_width: float = 0.0,
+                  changed_groups: Sequence[tuple[float, float]] = (),
+                  probe_groups: Sequence[tuple[float, float]] = ()) -> list[float]:
         """The probability of each rate of :attr:`rates` given a page's
         observations (a :data:`History`). The first visit's time since the
         last change is a density ``lambda e^(-lambda a)`` (for a coarse
         header, the chance of a change in its window); for a page that
         never changes it is the time since the page was written, of density
-        ``1 / (2 static_age)``. Changes found by probes
-        and changes in coarse headers' windows count as the others do, at
-        their own mean interval."""
+        ``1 / (2 static_age)``. The changes found by visits and by probes
+        count group by group of like intervals (``changed_groups``,
+        ``probe_groups``; without them, each at its mean); changes in coarse
+        headers' windows at their mean width."""
         if (changed <= 0 and unchanged <= 0 and modified_changes <= 0 and modified_exposure <= 0
                 and coarse_changes <= 0):
             return list(self.weights)
-        mean_changed = changed_time / changed if changed > 0 else 0.0
-        mean_probe = probe_changed_time / probe_changed if probe_changed > 0 else 0.0
+        if not changed_groups and changed > 0:
+            changed_groups = ((changed, changed_time),)
+        if not probe_groups and probe_changed > 0:
+            probe_groups = ((probe_changed, probe_changed_time),)
+        groups = [(n, t / n) for n, t in (*changed_groups, *probe_groups) if n > 0]
         mean_coarse = coarse_width / coarse_changes if coarse_changes > 0 else 0.0
         exposure = unchanged_time + modified_exposure
         written = 2.0 * self.static_age  # a static page's age is uniform over this
@@ -414,10 +473,8 @@ class RateDistribution:
             ll = log_weight - rate * exposure
             if modified_changes > 0:
                 ll += modified_changes * math.log(rate)
-            if changed > 0:
-                ll += changed * _log_changed(rate * mean_changed)
-            if probe_changed > 0:
-                ll += probe_changed * _log_changed(rate * mean_probe)
+            for n, mean_changed in groups:
+                ll += n * _log_changed(rate * mean_changed)
             if coarse_changes > 0:
                 ll += coarse_changes * _log_changed(rate * mean_coarse)
             logs.append(ll)
