@@ -1,8 +1,8 @@
 """Probes end to end: real ``scrapy crawl`` runs on a clock moved forward to
 each page's due time. A page whose fields change at every request cannot be
-told from a page worth chasing by its regular visits; the optimal schedule
-visits it sooner once to find out, and leaves it at the longest delay when
-the sooner visit finds it changed again."""
+told from a page worth chasing by visits as far apart as its regular delay;
+the optimal schedule visits it sooner once to find out, and leaves it at the
+longest delay when the sooner visit finds it changed again."""
 
 from __future__ import annotations
 
@@ -91,9 +91,11 @@ def test_a_page_changing_at_every_visit_is_probed_once_then_left_alone(tmp_path,
     assert [served for served, _, _ in history] == [1] * len(history), history
     flagged = [k for k, (_, probing, _) in enumerate(history) if probing]
     if not probe:
+        # No visit is made sooner to learn, and none is counted as a probe.
+        # (The page may still be let go: with nothing else to spend on, its
+        # regular visits come minutes apart, and a change found after
+        # minutes, counted at its own interval, tells as much as a probe.)
         assert not flagged and PROBE_KEY not in ticker.extra
-        # Changed at every visit, it looks worth chasing: it is never let go.
-        assert all(delay < 30 * DAY for _, _, delay in history), history
         return
     # Flagged once two changes are seen (the second and third visits), no sooner.
     assert flagged and flagged[0] == 2, history
