@@ -270,7 +270,7 @@ def test_changes_found_after_an_hour_and_after_a_month_are_not_pooled_at_their_m
     # what these visits allow).
     rng = random.Random(1)
     pages = []
-    for _ in range(2000):
+    for _ in range(1000):
         rate = rng.choice((0.5, 8.0)) / DAY
         extra: dict = {}
         for t in (0.25 * DAY, 30 * DAY, 3 * DAY, 3 * DAY):
@@ -280,12 +280,12 @@ def test_changes_found_after_an_hour_and_after_a_month_are_not_pooled_at_their_m
     def told_apart(pooled: bool) -> float:
         seen = [h[:12] if pooled else h for _, h in pages]
         dist = RateDistribution(1e-3 / DAY, 100.0 / DAY)
-        dist.fit(seen, iterations=100, sample=len(seen))
+        dist.fit(seen, iterations=40, sample=len(seen))
         fast = [sum(p for p, r in zip(dist.posterior(*h), dist.rates) if r >= 3 / DAY) for h in seen]
         return statistics.mean((f > 0.5) == (rate > 3 / DAY) for f, (rate, _) in zip(fast, pages))
 
-    assert told_apart(pooled=False) > 0.85
-    assert told_apart(pooled=True) < 0.6
+    assert told_apart(pooled=False) > 0.85  # 0.87-0.90 over seeds 1-5
+    assert told_apart(pooled=True) < 0.6  # 0.46-0.51
     # A record of older code keeps its pooled counts; visits counted since go in groups.
     extra = {"chg": [2, 0, 40 * DAY, 0.0]}
     observe(extra, True, 2 * 3600)
