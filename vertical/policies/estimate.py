@@ -330,12 +330,13 @@ def history(extra: MutableMapping[str, Any]) -> History:
     the changes its probes found (:data:`PROBE_KEY`)."""
     m = extra.get(MODIFIED_KEY)
     p = extra.get(PROBE_KEY) or (0, 0.0)
-    groups = changed_groups(extra), _groups(extra.get(PROBE_BINS_KEY), int(p[0]), float(p[1]))
+    c = counts(extra)
+    groups = (_groups(extra.get(CHANGED_BINS_KEY), c[0], c[2]),
+              _groups(extra.get(PROBE_BINS_KEY), int(p[0]), float(p[1])))
     if m is None:
-        return (*counts(extra), 0, 0.0, 0, int(p[0]), float(p[1]), 0, 0.0, 0.0, *groups)
+        return (*c, 0, 0.0, 0, int(p[0]), float(p[1]), 0, 0.0, 0.0, *groups)
     coarse, width, first_width = (int(m[4]), float(m[5]), float(m[6])) if len(m) >= 7 else (0, 0.0, 0.0)
-    return (*counts(extra), int(m[0]), float(m[1]), int(m[3]), int(p[0]), float(p[1]), coarse, width, first_width,
-            *groups)
+    return (*c, int(m[0]), float(m[1]), int(m[3]), int(p[0]), float(p[1]), coarse, width, first_width, *groups)
 
 _DIGIT = re.compile(r"\d")
 
