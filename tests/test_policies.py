@@ -40,7 +40,7 @@ from vertical.policies.oracle import (
     probe_interval,
     solve_mu,
 )
-from vertical.policies.priority import LevelPriority, OpicPriority, ScentPriority, UniformPriority
+from vertical.policies.priority import DuePriority, LevelPriority, OpicPriority, ScentPriority, UniformPriority
 from vertical.policies.refetch import PROBING_KEY, RATE_KEY, AdaptiveSchedule, NutchSchedule, OptimalSchedule
 from vertical.record import URLRecord
 
@@ -550,6 +550,25 @@ def test_level_orders_by_level_then_oldest():
     order = [r.fingerprint for r in sorted(rs, key=lambda r: r.priority, reverse=True)]
     # level 0: fetched at 100, then at 900; level 1: never fetched, then 500; level 2.
     assert order == [4, 1, 2, 0, 3]
+
+
+
+@pytest.mark.parametrize("probes", [True, False])
+def test_due_serves_entry_pages_then_probes_then_the_longest_overdue(probes):
+    # A probe's answer teaches at the interval it was asked for: behind a
+    # backlog of pages days overdue it would come as late as they do.
+    p = DuePriority(probes=probes)
+    spec = [(0, 2, 10 * DAY, False), (1, 2, 2 * DAY, False), (2, 2, 12 * DAY, True), (3, 0, 11 * DAY, False)]
+    rs = []
+    for i, level, due, probing in spec:
+        r = rec(i, level)
+        r.next_fetch = due
+        if probing:
+            r.extra[PROBING_KEY] = 1
+        p.on_fetched(r, 0.0, ())
+        rs.append(r)
+    order = [r.fingerprint for r in sorted(rs, key=p.effective, reverse=True)]
+    assert order == ([3, 2, 1, 0] if probes else [3, 1, 0, 2])
 
 
 def test_scent_by_hand():
@@ -1080,6 +1099,37 @@ def test_the_schedule_knows_how_late_its_visits_come():
     later = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
     later.load_state(s.state())
     assert later.lateness == s.lateness
+
+
+def test_probes_are_weighed_at_their_own_lateness():
+    # The due priority serves probes ahead of a backlog: a crawl days behind
+    # still answers them on time, and they stay worth making.
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=0.3 * DAY)
+    fast = rec(1, level=2)
+    s.set_discovered(fast, 0.0)
+    s.set_fetched(fast, 0.0, changed=True)
+    others = [rec(i, level=2) for i in range(2, 200)]
+    for r in others:
+        s.set_discovered(r, 0.0)
+        s.set_fetched(r, 0.0, changed=False)
+        s.set_fetched(r, r.next_fetch + 12 * DAY, changed=False)  # the backlog: 12 days late
+    assert s.lateness > 5 * DAY and s.probe_lateness == 0.0
+    while PROBING_KEY not in fast.extra:  # changed at every visit, on time
+        s.set_fetched(fast, fast.next_fetch, changed=True)
+        assert fast.visits < 10
+    s.set_fetched(fast, fast.next_fetch + 3600, changed=True)  # the probe, an hour late
+    assert 0 < s.probe_lateness < 3600
+    # Weighed at the crawl's lateness, no probe would be asked: it would come
+    # after the page's own visit.
+    late = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=0.3 * DAY)
+    late.load_state({**s.state(), "probe_lateness": s.lateness})
+    again = rec(1, level=2)
+    for t in (0.0, DAY, 2 * DAY):
+        late.set_fetched(again, t, changed=True)
+    assert PROBING_KEY not in again.extra
+    later = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
+    later.load_state(s.state())
+    assert later.probe_lateness == s.probe_lateness
 
 
 @pytest.mark.parametrize("probe", [True, False])

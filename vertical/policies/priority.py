@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vertical.policies.base import PriorityPolicy
+from vertical.policies.refetch import PROBING_KEY
 from vertical.record import URLRecord
 
 __all__ = ["DuePriority", "LevelPriority", "OpicPriority", "ScentPriority", "UniformPriority"]
@@ -46,16 +47,29 @@ class DuePriority(PriorityPolicy):
     short refetch delay does not wait behind a month-old one due at the same
     time. Due pages at ``level <= levels`` (by default the entry pages and
     the new pages they announce) go before all others, as in Loki;
-    ``levels=-1`` turns that off."""
+    ``levels=-1`` turns that off.
+
+    With ``probes`` (the default), a page whose next visit is a probe (the
+    optimal schedule's sooner visit to learn its rate, flagged with
+    :data:`~vertical.policies.refetch.PROBING_KEY`) goes before the other
+    due pages, after the entry pages: its answer teaches only at the
+    interval it was asked for, and a crawl running days behind its due
+    times would serve it days late, when any page has changed."""
 
     name = "due"
 
-    def __init__(self, levels: int = 1, **params: Any) -> None:
+    def __init__(self, levels: int = 1, probes: bool = True, **params: Any) -> None:
         super().__init__(**params)
         self.levels = int(levels)
+        self.probes = bool(probes)
 
     def _set(self, record: URLRecord) -> None:
-        boost = LEVEL_SPAN if record.level <= self.levels else 0.0
+        if record.level <= self.levels:
+            boost = LEVEL_SPAN
+        elif self.probes and PROBING_KEY in record.extra:
+            boost = LEVEL_SPAN / 2
+        else:
+            boost = 0.0
         record.priority = boost - record.next_fetch
 
     def on_discovered(self, record: URLRecord, parent: URLRecord | None) -> None:

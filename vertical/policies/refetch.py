@@ -193,8 +193,9 @@ class OptimalSchedule(FetchSchedule):
       fetch over ``probe_horizon`` (a duration; default:
       the longest delay, which suits a crawl of a few months; a crawl that
       runs for years gains from a year), weighed at the interval the visit
-      will really come after (:attr:`lateness`: a crawl behind its due
-      times serves a probe that much later): see
+      will really come after (:attr:`probe_lateness`: a crawl behind its
+      due times serves a probe that much later, unless its priority serves
+      probes first, as ``due`` does): see
       :func:`~vertical.policies.oracle.probe_interval`. Changes a probe
       finds are kept apart (:data:`~vertical.policies.estimate.PROBE_KEY`):
       pooled with changes weeks apart they would teach nothing.
@@ -257,6 +258,11 @@ class OptimalSchedule(FetchSchedule):
         self.probe_after = int(probe_after)
         #: Seconds the visits of this process come after their due time, on average.
         self.lateness = 0.0
+        #: The same for its probes. A probe is weighed at the smaller of the
+        #: two: where probes go first they come on time, and a crawl that
+        #: caught up serves them on time too (no probe would ever come to
+        #: lower a stale estimate).
+        self.probe_lateness = 0.0
         #: Host -> its own price of a fetch, for the hosts whose politeness binds.
         self.host_mu: dict[str, float] = {}
         self.max_share = float(max_share)
@@ -510,11 +516,16 @@ class OptimalSchedule(FetchSchedule):
             # The header of this response (the commit sets it before this call).
             modified = parse_http_date(record.last_modified)
             counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
-        if not first:
-            # How far behind its due times the crawl runs (a moving mean over
-            # the last ~100 visits): a probe can be no sooner than that.
-            self.lateness += 0.01 * (max(now - record.next_fetch, 0.0) - self.lateness)
         probed = record.extra.pop(PROBING_KEY, None)
+        if not first:
+            # How far behind their due times the visits come (a moving mean
+            # over the last ~100), and apart from them the probes (~20), which
+            # the due priority serves first: a probe comes no sooner than that.
+            late = max(now - record.next_fetch, 0.0)
+            if probed:
+                self.probe_lateness += 0.05 * (late - self.probe_lateness)
+            else:
+                self.lateness += 0.01 * (late - self.lateness)
         if not first and not counted:
             if probed and changed:
                 observe_probe(record.extra, now - record.fetch_time)
@@ -538,7 +549,7 @@ class OptimalSchedule(FetchSchedule):
             # information against the price of a fetch).
             horizon = self.probe_horizon or self.longest
             probe = probe_interval(prior.rates, posterior, mu, interval, self.min_delay, self.longest, horizon,
-                                   lateness=self.lateness)
+                                   lateness=min(self.lateness, self.probe_lateness))
             if probe is not None:
                 record.extra[PROBING_KEY] = 1
                 return probe
@@ -565,7 +576,7 @@ class OptimalSchedule(FetchSchedule):
         the frontier to persist between runs."""
         # Lateness too: a run of another mode starts where the last one
         # left it, or each would weigh its probes as if it were on time.
-        state: dict[str, Any] = {"mu": self.mu, "lateness": self.lateness}
+        state: dict[str, Any] = {"mu": self.mu, "lateness": self.lateness, "probe_lateness": self.probe_lateness}
         if self.population is not None:
             state["population"] = list(self.population.weights)
             state["static_age"] = self.population.static_age
@@ -584,7 +595,7 @@ class OptimalSchedule(FetchSchedule):
         if not stored or not isinstance(stored, dict) or stored == opened:
             return current  # nobody else wrote since this run loaded it
         merged = dict(stored)
-        for key in ("mu", "lateness", "static_age"):
+        for key in ("mu", "lateness", "probe_lateness", "static_age"):
             if key not in current:
                 continue
             try:
@@ -613,6 +624,7 @@ class OptimalSchedule(FetchSchedule):
             return
         self.mu = float(state.get("mu", self.mu))
         self.lateness = float(state.get("lateness", self.lateness))
+        self.probe_lateness = float(state.get("probe_lateness", self.probe_lateness))
         weights = state.get("population")
         if self.population is not None and state.get("static_age"):
             try:
