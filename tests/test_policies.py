@@ -72,6 +72,7 @@ def test_registries_and_factories():
         (lambda: make_schedule("nutch"), "initial"),
         (lambda: make_priority("scent", delta=1), "delta"),
         (lambda: make_priority("opic", tax=2), "tax"),
+        (lambda: make_priority("due", probes="no"), "probes must be true or false"),
     ],
 )
 def test_factories_reject_with_a_clear_message(call, message):
@@ -550,7 +551,6 @@ def test_level_orders_by_level_then_oldest():
     order = [r.fingerprint for r in sorted(rs, key=lambda r: r.priority, reverse=True)]
     # level 0: fetched at 100, then at 900; level 1: never fetched, then 500; level 2.
     assert order == [4, 1, 2, 0, 3]
-
 
 
 @pytest.mark.parametrize("probes", [True, False])

@@ -60,8 +60,10 @@ class DuePriority(PriorityPolicy):
 
     def __init__(self, levels: int = 1, probes: bool = True, **params: Any) -> None:
         super().__init__(**params)
+        if not isinstance(probes, bool):
+            raise ValueError("due: probes must be true or false")
         self.levels = int(levels)
-        self.probes = bool(probes)
+        self.probes = probes
 
     def _set(self, record: URLRecord) -> None:
         if record.level <= self.levels:
