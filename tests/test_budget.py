@@ -408,3 +408,44 @@ def test_a_killed_run_never_makes_the_site_spend_more(tmp_path):
     print(f"killed after {killed} pages; {fetched} with the run after it, of {per_day}")
     assert killed < per_day
     assert per_day - 1.5 * 3 - 4 <= fetched <= per_day, (killed, fetched)
+
+
+@pytest.mark.parametrize(("ahead", "early"), [(None, True), ("6h", False)])
+def test_a_continuous_crawl_spends_idle_budget_on_the_pages_due_soonest(tmp_path, frontier_uri, ahead, early):
+    """Thirty documents fetched once, each due again in two days; a
+    continuous crawl a day and a half later finds nothing due. Within
+    `refetch.ahead` (1 day by default) of their due time it fetches them
+    early, as fast as the budget's pace allows and no faster; with 6 hours
+    it fetches none. Counted at the server, on each store backend."""
+    per_day = 86400.0  # one a second: the site would last 30 s
+    rate, burst = per_day / DAY, max(1.0, per_day / DAY * PACE_BURST)
+    with serve(LibrarySite(documents=30)) as server:
+        refetch = {"schedule": "fixed", "initial": "2d", "min": "1h", "max": "30d", "budget": f"{per_day:g}/d",
+                   **({"ahead": ahead} if ahead else {})}
+        config = small_site(tmp_path, "library", server.url, refetch=refetch,
+                            politeness={"delay": 0, "concurrency": 4},
+                            documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}])
+        store = frontier_uri
+        crawl(config, store, tmp_path, tag="first")
+        docs = lambda: [r for r in server.requests if r["path"].startswith("/doc/")]  # noqa: E731
+        assert len(docs()) == 30
+        server.clear_log()
+        started = time.time()
+        proc = start_crawl(config, store, tmp_path / "continuous", args={"mode": "continuous"},
+                           settings={"VERTICAL_TIME_OFFSET": 1.5 * DAY})
+        try:
+            wait_for(lambda: "Frontier " in crawl_log(tmp_path / "continuous"), timeout=60)
+            time.sleep(6)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        ended = time.time()
+    assert proc.returncode == 0
+    fetched = len(docs())
+    print(f"refetch.ahead {ahead or 'default'}: {fetched} documents in {ended - started:.1f}s")
+    if early:
+        assert 5 <= fetched <= burst + rate * (ended - started)
+        stats = json.loads((tmp_path / "continuous" / "stats.json").read_text())
+        assert stats["vertical/scheduler/claimed_early"] >= fetched
+    else:
+        assert fetched == 0

@@ -155,23 +155,28 @@ def test_site_budget_in_fetches_per_day_is_spent_whatever_the_site_grows_to():
     assert np.histogram(grown.times, bins=[19, 20])[0][0] > 41
 
 
-def test_a_work_conserving_crawler_spends_the_budget_left_when_nothing_is_due(monkeypatch):
-    """A fixed schedule slower than the budget leaves it idle; with
-    ``WORK_CONSERVING`` the soonest-due pages are fetched early instead, and
-    never more than the budget."""
-    from vertical.sim import engine
-
-    scn = parse_scenario({**SMALL, "hubs": {"count": 0, "new_pages_per_day": 0}, "seeds": [1]})
-    site = make_site(scn, 1)
+def test_budget_left_when_nothing_is_due_goes_to_the_pages_due_soonest():
+    """A fixed schedule slower than the budget leaves it idle with
+    ``refetch.ahead: 0``; with a look-ahead the pages due within it are
+    fetched early instead, never more than the budget, and never more than
+    the look-ahead before their due time."""
+    closed = {**SMALL, "hubs": {"count": 0, "new_pages_per_day": 0}, "seeds": [1]}
+    site = make_site(parse_scenario(closed), 1)
     weekly = PolicySpec("weekly", "fixed", "due", {"initial": 7 * 86400})
-    idle = simulate(site, weekly, 1.0, scn)
-    monkeypatch.setattr(engine, "WORK_CONSERVING", True)
-    busy = simulate(site, weekly, 1.0, scn)
+    runs = {ahead: simulate(site, weekly, 1.0, parse_scenario({**closed, "refetch": {"ahead": ahead}}))
+            for ahead in ("0", "1d", "7d")}
     days = np.arange(5, 21)
-    assert np.histogram(idle.times, bins=days)[0].sum() < 0.2 * scn.pages * (len(days) - 1)  # a visit a week
-    spent = np.histogram(busy.times, bins=days)[0]
-    assert spent.min() >= scn.pages - 1 and spent.max() <= scn.pages + 1
-    assert score(site, busy, scn.warmup_days).freshness > score(site, idle, scn.warmup_days).freshness
+    pages = site.n - site.n_hubs
+    assert np.histogram(runs["0"].times, bins=days)[0].sum() < 0.2 * pages * (len(days) - 1)  # a visit a week
+    spent = np.histogram(runs["7d"].times, bins=days)[0]
+    assert spent.min() >= pages - 1 and spent.max() <= pages + 1
+    # A day ahead: each page at most a day before its week is up, so about a
+    # visit every six days, not the budget's one a day.
+    gaps = np.concatenate([np.diff(runs["1d"].times[runs["1d"].pages == i]) for i in range(site.n_hubs, site.n)])
+    assert gaps.min() >= 6.0 - 1e-9 and np.median(gaps) < 7.0
+    scn = parse_scenario(closed)
+    fresh = {a: score(site, log, scn.warmup_days).freshness for a, log in runs.items()}
+    assert fresh["0"] < fresh["1d"] < fresh["7d"]
 
 
 def test_site_budget_key_is_validated():

@@ -71,6 +71,11 @@ class BudgetPacer:
             self._at = now
         return self.tokens >= 1.0
 
+    def spare(self, now: float) -> int:
+        """How many fetches may be taken now."""
+        self.ready(now)
+        return int(self.tokens)
+
     def spend(self) -> None:
         self.tokens -= 1.0
 

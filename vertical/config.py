@@ -147,7 +147,9 @@ class RefetchConfig:
 
     ``budget`` is the fetches a day the user grants the site, None for
     ``auto`` (the default): what politeness allows,
-    86,400 x ``politeness.concurrency`` / ``politeness.delay``."""
+    86,400 x ``politeness.concurrency`` / ``politeness.delay``. ``ahead``:
+    how long before its due time a continuous crawl with a budget may fetch
+    a page, when nothing is due and the budget would go unspent (0: never)."""
 
     schedule: str = DEFAULT_SCHEDULE
     initial: float = 86400.0
@@ -156,6 +158,7 @@ class RefetchConfig:
     factor: float = 2.0
     params: dict[str, Any] = field(default_factory=dict)
     budget: float | None = None
+    ahead: float = 86400.0
 
 
 @dataclass(frozen=True)
@@ -698,7 +701,7 @@ class _SiteParser:
         return per_day
 
     def refetch(self, data: dict[str, Any]) -> RefetchConfig:
-        known = ("schedule", "initial", "min", "max", "factor", "budget")
+        known = ("schedule", "initial", "min", "max", "factor", "budget", "ahead")
         section = self.section(data, "refetch", None)
         defaults = RefetchConfig()
         schedule = self.read(section, "refetch", "schedule", self.string, defaults.schedule)
@@ -716,6 +719,7 @@ class _SiteParser:
         if factor <= 1:
             self.fail("refetch.factor", f"must be more than 1, not {factor:g}")
         budget = self.read(section, "refetch", "budget", self.budget, None)
+        ahead = self.read(section, "refetch", "ahead", self.duration, defaults.ahead)
         params = {k: v for k, v in section.items() if k not in known}
         self.check_policy(
             "refetch",
@@ -725,7 +729,7 @@ class _SiteParser:
             known,
             dict(initial=initial, min_delay=minimum, max_delay=maximum, factor=factor),
         )
-        return RefetchConfig(schedule, initial, minimum, maximum, factor, params, budget)
+        return RefetchConfig(schedule, initial, minimum, maximum, factor, params, budget, ahead)
 
     def priority(self, data: dict[str, Any]) -> PriorityConfig:
         section = self.section(data, "priority", None)

@@ -37,7 +37,9 @@ What the engine can rely on:
 * With ``refetch.budget``, every page fetch is drawn from the site's
   allowance in the store (:mod:`vertical.budget`): a run that finds it
   empty hands out nothing more and ends (what it claimed is released); a
-  continuous crawl waits for it to fill, and paces itself meanwhile.
+  continuous crawl waits for it to fill, and paces itself meanwhile. When
+  nothing is due and its pace has fetches to spare, a continuous crawl
+  claims the records due soonest, up to ``refetch.ahead`` early.
 * A store unreachable for longer than its patience (a Redis that is gone:
   :class:`~vertical.frontier.base.StoreUnavailable`) ends the crawl: one
   error names the store and the call that failed, and the spider closes
@@ -185,6 +187,7 @@ class FrontierScheduler(BaseScheduler):
         # Store jobs: at most one of each kind in flight.
         self._links = OneAtATime(self._store_links, partial(self.store_failed, "links"))
         self._refilling = False
+        self._early = False  # the next claim looks refetch.ahead into the future
         self._checking_due = False
         self._beating = False
         self._refitting = False
@@ -800,14 +803,33 @@ class FrontierScheduler(BaseScheduler):
         busy += self._held_back()
         limit = self.batch if not self._queues else min(self.batch, max(
             (self._host_target(h) for h in self._queues), default=self.batch))
+        early, self._early = self._early, False
         self._refilling = True
         asked = time.monotonic()
-        d = self._call(self.frontier.claim_due, self.site.name, self.owner, self.now(), self.lease, limit,
-                       self.lane, exclude_hosts=busy, fetched_before=self.fetched_before)
-        d.addCallbacks(self._claimed, self._claim_failed, callbackArgs=(asked,))
+        if early and self.pacer is not None:
+            limit = min(limit, max(1, self.pacer.spare(self.now())))
+            d = Deferred.fromCoroutine(self._claim_early(limit, busy))
+        else:
+            d = self._call(self.frontier.claim_due, self.site.name, self.owner, self.now(), self.lease, limit,
+                           self.lane, exclude_hosts=busy, fetched_before=self.fetched_before)
+        d.addCallbacks(self._claimed, self._claim_failed, callbackArgs=(asked, early))
         d.addBoth(self._refilled)
 
-    def _claimed(self, records: list[URLRecord], asked: float) -> None:
+    async def _claim_early(self, limit: int, busy: list[str]) -> list[URLRecord]:
+        """Nothing is due and the pace has fetches to spare: claim the records
+        due soonest, within ``refetch.ahead``. Soonest, not by priority: each
+        loses least of its interval by coming now (in the simulator, taking
+        them by priority, entry pages first, gains nothing)."""
+        now = self.now()
+        soonest = await self._call(self.frontier.next_due, self.site.name, now + self.site.refetch.ahead,
+                                   self.lane, fetched_before=self.fetched_before, exclude_hosts=busy)
+        if soonest is None:
+            return []
+        return await self._call(self.frontier.claim_due, self.site.name, self.owner,
+                                min(soonest, now + self.site.refetch.ahead), self.lease, limit, self.lane,
+                                exclude_hosts=busy, fetched_before=self.fetched_before)
+
+    def _claimed(self, records: list[URLRecord], asked: float, early: bool = False) -> None:
         held = set(self._held_back())
         back = []
         for record in records:
@@ -819,7 +841,15 @@ class FrontierScheduler(BaseScheduler):
                 self._push(record, asked)
         self._release(back)
         self.stats.inc_value("vertical/scheduler/claimed", len(records))
-        if not records:
+        if early:
+            self.stats.inc_value("vertical/scheduler/claimed_early", len(records))
+        if records:
+            return
+        if not early and self.pacer is not None and self.site.refetch.ahead > 0:
+            # A budget that idles is lost (the pace stores at most a burst):
+            # claim again at once, a little ahead of the due times.
+            self._early = True
+        else:
             self._poll_later()
 
     def _claim_failed(self, failure: Failure) -> None:

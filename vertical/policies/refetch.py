@@ -517,11 +517,12 @@ class OptimalSchedule(FetchSchedule):
             modified = parse_http_date(record.last_modified)
             counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
         probed = record.extra.pop(PROBING_KEY, None)
-        if not first:
+        if not first and now >= record.next_fetch:
             # How far behind their due times the visits come (a moving mean
             # over the last ~100), and apart from them the probes (~20), which
             # the due priority serves first: a probe comes no sooner than that.
-            late = max(now - record.next_fetch, 0.0)
+            # A visit made early, with budget that would idle, says nothing of it.
+            late = now - record.next_fetch
             if probed:
                 self.probe_lateness += 0.05 * (late - self.probe_lateness)
             else:

@@ -37,11 +37,12 @@ from vertical.sim.site import Site
 __all__ = ["FetchLog", "PolicySpec", "policy_specs", "simulate"]
 
 DAY = 86400.0
-#: Budget left in a tick with nothing due is lost, as a crawler idles when
-#: nothing is due (a paced continuous crawl loses its idle tokens). True makes
-#: the simulated crawler work-conserving: it fetches the soonest-due pages
-#: early instead (benchmarks/freshness/plan.py --early).
-WORK_CONSERVING = False
+#: Budget left in a tick with nothing due goes, as in the crawler, to the
+#: pages due soonest, up to the scenario's ``refetch.ahead`` before their
+#: due time; what is still left is lost (a paced crawl loses idle tokens).
+#: The oracle keeps to its fixed intervals, the optimum of the tables
+#: (Cho and Garcia-Molina's), unless given a look-ahead here (seconds).
+ORACLE_AHEAD = 0.0
 #: The share of the budget the oracle may spend on keeping every page within
 #: refetch.max (OptimalSchedule's ``max_share`` default).
 ORACLE_MAX_SHARE = 0.5
@@ -185,13 +186,16 @@ def simulate(
 
     ``budget`` is in the scenario's unit: fetches per page per day (pages
     that exist at the time, hubs aside) or seconds per day at a cost of
-    ``a * size + b`` seconds a fetch. Budget left unused in a tick because
-    nothing was due is lost (the crawler idles), fractions carry over.
+    ``a * size + b`` seconds a fetch. Budget left in a tick with nothing
+    due fetches the pages due within ``refetch.ahead``, soonest first (the
+    crawler's early claims; not on a site of several hosts yet); what is
+    then left is lost (the crawler idles), fractions carry over.
     ``progress`` is called with the share of the horizon done.
     """
     started = time.perf_counter()
     schedule, priority = _build(spec, site, scn, budget)
     oracle = spec.oracle is not None
+    ahead = ORACLE_AHEAD if oracle else scn.refetch["ahead"]
     n, n_hubs = site.n, site.n_hubs
     first_new = site.first_new
     horizon = site.horizon
@@ -344,7 +348,7 @@ def simulate(
                 host_tokens[h] = min(host_tokens[h] + cap * tick, cap * tick + 1.0)
         while tokens >= threshold:
             if not pheap:
-                if not (WORK_CONSERVING and theap and host_of is None):
+                if not (ahead and theap and theap[0][0] <= now_s + ahead and host_of is None):
                     break
                 due, i = heappop(theap)  # nothing due: the soonest-due page, early
                 if due != recs[i].next_fetch:

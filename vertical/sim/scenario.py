@@ -21,7 +21,7 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     # any SCHEDULE+PRIORITY pair of vertical.policies also works, e.g. optimal+level,
     # and so does a mapping {label: .., schedule: .., priority: .., schedule_params: {..}}
     # simulator settings
-    refetch: {initial: 1d, min: 1h, max: 30d, factor: 2}   # the simulated site's config
+    refetch: {initial: 1d, min: 1h, max: 30d, factor: 2, ahead: 1d}   # the simulated site's config
     scent_delta_s: [1e-5, 1e-4, 1e-3]                     # the DeltaS sweep (per fetch)
     tick_minutes: 15                                      # one scheduler batch
 
@@ -62,6 +62,7 @@ from typing import Any
 import yaml
 
 from vertical.durations import parse_duration
+from vertical.config import RefetchConfig
 
 __all__ = ["POLICIES", "Scenario", "ScenarioError", "load_scenario", "parse_scenario"]
 
@@ -93,7 +94,8 @@ class Scenario:
     seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
     policies: tuple[str, ...] = POLICIES
     refetch: Mapping[str, float] = field(
-        default_factory=lambda: {"initial": 86400.0, "min": 3600.0, "max": 30 * 86400.0, "factor": 2.0}
+        default_factory=lambda: {"initial": 86400.0, "min": 3600.0, "max": 30 * 86400.0, "factor": 2.0,
+                                 "ahead": RefetchConfig.ahead}
     )
     scent_delta_s: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     tick_minutes: float = 15.0
@@ -268,10 +270,10 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             )
         kw["policies"] = tuple(dict.fromkeys(pols))
     if "refetch" in data:
-        r = _mapping(data["refetch"], "refetch", {"initial", "min", "max", "factor"})
+        r = _mapping(data["refetch"], "refetch", {"initial", "min", "max", "factor", "ahead"})
         ref = dict(d.refetch)
         try:
-            for k in ("initial", "min", "max"):
+            for k in ("initial", "min", "max", "ahead"):
                 if k in r:
                     ref[k] = parse_duration(r[k])
         except ValueError as exc:
