@@ -83,6 +83,20 @@ def test_pacer_shares_the_budget_from_the_moment_it_is_told():
     assert pacer.rate == pytest.approx(0.1)
 
 
+def run_continuous(config, store, workdir, until, seconds: float, settings=None) -> tuple[int, float]:
+    """A continuous crawl, stopped (SIGTERM) ``seconds`` after ``until()``
+    holds: its return code and how long it ran, start to end."""
+    started = time.time()
+    proc = start_crawl(config, store, workdir, args={"mode": "continuous"}, settings=settings)
+    try:
+        wait_for(until, timeout=120)
+        time.sleep(seconds)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    return proc.returncode, time.time() - started
+
+
 def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
     """A site of 300 films that the crawl could fetch in seconds; a budget of
     43,200 fetches a day (one every 2 s). Whatever the crawl's window, the
@@ -96,23 +110,15 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
         site = site_file(tmp_path, server.url, politeness={"delay": 0.0, "concurrency": 2},
                          refetch={"budget": f"{per_day:g}/d"})
         store = tmp_path / "f.sqlite3"
-        started = time.time()
-        proc = start_crawl(site, store, tmp_path, args={"mode": "continuous"},
-                           settings={"VERTICAL_TIME_OFFSET": DAY})
-        try:
-            pages = lambda: [r for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
-            # Past the first burst, and then some: the pacing is what we watch.
-            wait_for(lambda: len(pages()) >= burst + 3, timeout=120)
-            # Long enough for an unpaced crawl to take the whole site.
-            time.sleep(5)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        ended = time.time()
-        assert proc.returncode == 0
+        pages = lambda: [r for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
+        # Past the first burst, and then some (the pacing is what we watch),
+        # then long enough for an unpaced crawl to take the whole site.
+        returncode, window = run_continuous(site, store, tmp_path, lambda: len(pages()) >= burst + 3, 5,
+                                            settings={"VERTICAL_TIME_OFFSET": DAY})
+        assert returncode == 0
         fetched = len(pages())
-        print(f"{fetched} pages in {ended - started:.1f}s; bound {burst + rate * (ended - started):.1f}")
-        assert fetched <= burst + rate * (ended - started)
+        print(f"{fetched} pages in {window:.1f}s; bound {burst + rate * window:.1f}")
+        assert fetched <= burst + rate * window
         # Not for want of pages: most of the site is still unfetched.
         assert fetched < 100
 
@@ -430,21 +436,14 @@ def test_a_continuous_crawl_spends_idle_budget_on_the_pages_due_soonest(tmp_path
         docs = lambda: [r for r in server.requests if r["path"].startswith("/doc/")]  # noqa: E731
         assert len(docs()) == 30
         server.clear_log()
-        started = time.time()
-        proc = start_crawl(config, store, tmp_path / "continuous", args={"mode": "continuous"},
-                           settings={"VERTICAL_TIME_OFFSET": 1.5 * DAY})
-        try:
-            wait_for(lambda: "Frontier " in crawl_log(tmp_path / "continuous"), timeout=60)
-            time.sleep(6)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        ended = time.time()
-    assert proc.returncode == 0
+        returncode, window = run_continuous(config, store, tmp_path / "continuous",
+                                            lambda: "Frontier " in crawl_log(tmp_path / "continuous"), 6,
+                                            settings={"VERTICAL_TIME_OFFSET": 1.5 * DAY})
+    assert returncode == 0
     fetched = len(docs())
-    print(f"refetch.ahead {ahead or 'default'}: {fetched} documents in {ended - started:.1f}s")
+    print(f"refetch.ahead {ahead or 'default'}: {fetched} documents in {window:.1f}s")
     if early:
-        assert 5 <= fetched <= burst + rate * (ended - started)
+        assert 5 <= fetched <= burst + rate * window
         stats = json.loads((tmp_path / "continuous" / "stats.json").read_text())
         assert stats["vertical/scheduler/claimed_early"] >= fetched
     else:
