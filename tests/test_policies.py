@@ -571,6 +571,21 @@ def test_due_serves_entry_pages_then_probes_then_the_longest_overdue(probes):
     assert order == ([3, 2, 1, 0] if probes else [3, 1, 0, 2])
 
 
+def test_due_serves_announced_pages_first_until_their_first_fetch():
+    p = DuePriority()
+    home, new, fetched, deep = rec(0, 0), rec(1, 1), rec(2, 1), rec(3, 2)
+    for r, visits, due in ((home, 5, 9 * DAY), (new, 0, 8 * DAY), (fetched, 3, 1 * DAY), (deep, 3, 2 * DAY)):
+        r.visits, r.next_fetch = visits, due
+        p.on_fetched(r, 0.0, ())
+    order = [r.fingerprint for r in sorted((home, new, fetched, deep), key=p.effective, reverse=True)]
+    # The entry page and the page it announced, then by due time.
+    assert order == [1, 0, 2, 3]
+    off = DuePriority(levels=-1)
+    for r in (home, new, fetched, deep):
+        off.on_fetched(r, 0.0, ())
+    assert [r.fingerprint for r in sorted((home, new, fetched, deep), key=off.effective, reverse=True)] == [2, 3, 1, 0]
+
+
 def test_scent_by_hand():
     p = ScentPriority(delta_s=1.0, initial=10.0)
     a, b, c = rec(0), rec(1), rec(2)
