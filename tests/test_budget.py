@@ -416,18 +416,23 @@ def test_a_killed_run_never_makes_the_site_spend_more(tmp_path):
     assert per_day - 1.5 * 3 - 4 <= fetched <= per_day, (killed, fetched)
 
 
-@pytest.mark.parametrize(("ahead", "early"), [(None, True), ("6h", False)])
-def test_a_continuous_crawl_spends_idle_budget_on_the_pages_due_soonest(tmp_path, frontier_uri, ahead, early):
+@pytest.mark.parametrize(("keys", "later", "early"), [
+    ({}, 1.5 * DAY, True),  # due in half a day: within a day ahead
+    ({"ahead": "6h"}, 1.5 * DAY, False),  # not within 6 hours
+    ({"initial": "2h", "min": "2h"}, 1800, False),  # due in 1.5 h, but fetched within refetch.min
+])
+def test_a_continuous_crawl_spends_idle_budget_on_the_pages_due_soonest(tmp_path, frontier_uri, keys, later, early):
     """Thirty documents fetched once, each due again in two days; a
     continuous crawl a day and a half later finds nothing due. Within
     `refetch.ahead` (1 day by default) of their due time it fetches them
     early, as fast as the budget's pace allows and no faster; with 6 hours
-    it fetches none. Counted at the server, on each store backend."""
+    it fetches none, nor does it fetch a page sooner than `refetch.min` after
+    the last fetch. Counted at the server, on each store backend."""
     per_day = 86400.0  # one a second: the site would last 30 s
     rate, burst = per_day / DAY, max(1.0, per_day / DAY * PACE_BURST)
     with serve(LibrarySite(documents=30)) as server:
         refetch = {"schedule": "fixed", "initial": "2d", "min": "1h", "max": "30d", "budget": f"{per_day:g}/d",
-                   **({"ahead": ahead} if ahead else {})}
+                   **keys}
         config = small_site(tmp_path, "library", server.url, refetch=refetch,
                             politeness={"delay": 0, "concurrency": 4},
                             documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}])
@@ -438,10 +443,10 @@ def test_a_continuous_crawl_spends_idle_budget_on_the_pages_due_soonest(tmp_path
         server.clear_log()
         returncode, window = run_continuous(config, store, tmp_path / "continuous",
                                             lambda: "Frontier " in crawl_log(tmp_path / "continuous"), 6,
-                                            settings={"VERTICAL_TIME_OFFSET": 1.5 * DAY})
+                                            settings={"VERTICAL_TIME_OFFSET": later})
     assert returncode == 0
     fetched = len(docs())
-    print(f"refetch.ahead {ahead or 'default'}: {fetched} documents in {window:.1f}s")
+    print(f"{keys} {later:g}s later: {fetched} documents in {window:.1f}s")
     if early:
         assert 5 <= fetched <= burst + rate * window
         stats = json.loads((tmp_path / "continuous" / "stats.json").read_text())

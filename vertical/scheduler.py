@@ -817,17 +817,23 @@ class FrontierScheduler(BaseScheduler):
 
     async def _claim_early(self, limit: int, busy: list[str]) -> list[URLRecord]:
         """Nothing is due and the pace has fetches to spare: claim the records
-        due soonest, within ``refetch.ahead``. Soonest, not by priority: each
-        loses least of its interval by coming now (in the simulator, taking
-        them by priority, entry pages first, gains nothing)."""
+        due soonest, within ``refetch.ahead``, and none fetched within
+        ``refetch.min`` (the user's floor between two fetches of a page).
+        Soonest, not by priority: each loses least of its interval by coming
+        now (in the simulator, taking them by priority, entry pages first,
+        gains nothing)."""
         now = self.now()
-        soonest = await self._call(self.frontier.next_due, self.site.name, now + self.site.refetch.ahead,
-                                   self.lane, fetched_before=self.fetched_before, exclude_hosts=busy)
+        refetch = self.site.refetch
+        fetched_before = now - refetch.min
+        if self.fetched_before is not None:
+            fetched_before = min(fetched_before, self.fetched_before)
+        soonest = await self._call(self.frontier.next_due, self.site.name, now + refetch.ahead,
+                                   self.lane, fetched_before=fetched_before, exclude_hosts=busy)
         if soonest is None:
             return []
         return await self._call(self.frontier.claim_due, self.site.name, self.owner,
-                                min(soonest, now + self.site.refetch.ahead), self.lease, limit, self.lane,
-                                exclude_hosts=busy, fetched_before=self.fetched_before)
+                                min(soonest, now + refetch.ahead), self.lease, limit, self.lane,
+                                exclude_hosts=busy, fetched_before=fetched_before)
 
     def _claimed(self, records: list[URLRecord], asked: float, early: bool = False) -> None:
         held = set(self._held_back())

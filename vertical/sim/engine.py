@@ -187,15 +187,17 @@ def simulate(
     ``budget`` is in the scenario's unit: fetches per page per day (pages
     that exist at the time, hubs aside) or seconds per day at a cost of
     ``a * size + b`` seconds a fetch. Budget left in a tick with nothing
-    due fetches the pages due within ``refetch.ahead``, soonest first (the
-    crawler's early claims; not on a site of several hosts yet); what is
-    then left is lost (the crawler idles), fractions carry over.
+    due fetches the pages due within ``refetch.ahead``, soonest first, none
+    within ``refetch.min`` of its last fetch (the crawler's early claims;
+    not on a site of several hosts yet); what is then left is lost (the
+    crawler idles), fractions carry over.
     ``progress`` is called with the share of the horizon done.
     """
     started = time.perf_counter()
     schedule, priority = _build(spec, site, scn, budget)
     oracle = spec.oracle is not None
     ahead = ORACLE_AHEAD if oracle else scn.refetch["ahead"]
+    min_delay = scn.refetch["min"]
     n, n_hubs = site.n, site.n_hubs
     first_new = site.first_new
     horizon = site.horizon
@@ -343,6 +345,7 @@ def simulate(
         tokens += allowance
         spent = 0.0
         blocked: list[tuple[float, int]] = []
+        recent: list[tuple[float, int]] = []
         if host_of is not None:
             for h, cap in enumerate(host_caps):  # idle politeness is lost, like idle budget
                 host_tokens[h] = min(host_tokens[h] + cap * tick, cap * tick + 1.0)
@@ -352,6 +355,9 @@ def simulate(
                     break
                 due, i = heappop(theap)  # nothing due: the soonest-due page, early
                 if due != recs[i].next_fetch:
+                    continue
+                if recs[i].fetch_time > now_s - min_delay:
+                    recent.append((due, i))  # not within refetch.min of its last fetch
                     continue
                 heappush(pheap, (-recs[i].priority, i))
                 queued[i] = 1
@@ -407,6 +413,8 @@ def simulate(
             tokens = min(tokens, 0.0 if by_seconds else 1.0)  # idle capacity is lost
         for entry in blocked:
             heappush(pheap, entry)
+        for entry in recent:
+            heappush(theap, entry)
         if progress is not None and k % report_every == 0:
             progress(k / n_ticks)
     return FetchLog(
