@@ -188,9 +188,9 @@ def simulate(
     that exist at the time, hubs aside) or seconds per day at a cost of
     ``a * size + b`` seconds a fetch. Budget left in a tick with nothing
     due fetches the pages due within ``refetch.ahead``, soonest first, none
-    within ``refetch.min`` of its last fetch (the crawler's early claims;
-    not on a site of several hosts yet); what is then left is lost (the
-    crawler idles), fractions carry over.
+    within ``refetch.min`` of its last fetch nor of a host without room
+    (the crawler's early claims); what is then left is lost (the crawler
+    idles), fractions carry over.
     ``progress`` is called with the share of the horizon done.
     """
     started = time.perf_counter()
@@ -351,13 +351,15 @@ def simulate(
                 host_tokens[h] = min(host_tokens[h] + cap * tick, cap * tick + 1.0)
         while tokens >= threshold:
             if not pheap:
-                if not (ahead and theap and theap[0][0] <= now_s + ahead and host_of is None):
+                if not (ahead and theap and theap[0][0] <= now_s + ahead):
                     break
                 due, i = heappop(theap)  # nothing due: the soonest-due page, early
                 if due != recs[i].next_fetch:
                     continue
-                if recs[i].fetch_time > now_s - min_delay:
-                    recent.append((due, i))  # not within refetch.min of its last fetch
+                if recs[i].fetch_time > now_s - min_delay or (host_of is not None and host_tokens[host_of[i]] < 1.0):
+                    # Not within refetch.min of its last fetch, nor from a
+                    # host with no room (the crawler claims none of a busy host).
+                    recent.append((due, i))
                     continue
                 heappush(pheap, (-recs[i].priority, i))
                 queued[i] = 1
