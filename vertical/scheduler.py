@@ -39,7 +39,8 @@ What the engine can rely on:
   empty hands out nothing more and ends (what it claimed is released); a
   continuous crawl waits for it to fill, and paces itself meanwhile. When
   nothing is due and its pace has fetches to spare, a continuous crawl
-  claims the records due soonest, up to ``refetch.ahead`` early.
+  claims the records due soonest, up to ``refetch.ahead`` early and none
+  within ``refetch.min`` of its last fetch.
 * A store unreachable for longer than its patience (a Redis that is gone:
   :class:`~vertical.frontier.base.StoreUnavailable`) ends the crawl: one
   error names the store and the call that failed, and the spider closes
@@ -824,9 +825,7 @@ class FrontierScheduler(BaseScheduler):
         gains nothing)."""
         now = self.now()
         refetch = self.site.refetch
-        fetched_before = now - refetch.min
-        if self.fetched_before is not None:
-            fetched_before = min(fetched_before, self.fetched_before)
+        fetched_before = now - refetch.min  # a continuous crawl has no other bound
         soonest = await self._call(self.frontier.next_due, self.site.name, now + refetch.ahead,
                                    self.lane, fetched_before=fetched_before, exclude_hosts=busy)
         if soonest is None:
