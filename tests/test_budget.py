@@ -378,15 +378,11 @@ def test_a_continuous_crawl_draws_from_the_same_allowance(tmp_path):
         store = tmp_path / "f.sqlite3"
         crawl(config, store, tmp_path, tag="cron")
         server.clear_log()
-        proc = start_crawl(config, store, tmp_path / "continuous", args={"mode": "continuous"})
-        try:
-            fetched = lambda: [r["path"] for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
-            wait_for(lambda: "waits for it to fill" in crawl_log(tmp_path / "continuous") or fetched(), timeout=60)
-            time.sleep(3)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        assert proc.returncode == 0
+        fetched = lambda: [r["path"] for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
+        returncode, _ = run_continuous(
+            config, store, tmp_path / "continuous",
+            lambda: "waits for it to fill" in crawl_log(tmp_path / "continuous") or fetched(), 3)
+        assert returncode == 0
         assert fetched() == []
 
 

@@ -834,7 +834,7 @@ class FrontierScheduler(BaseScheduler):
                                 min(soonest, now + refetch.ahead), self.lease, limit, self.lane,
                                 exclude_hosts=busy, fetched_before=fetched_before)
 
-    def _claimed(self, records: list[URLRecord], asked: float, early: bool = False) -> None:
+    def _claimed(self, records: list[URLRecord], asked: float, early: bool) -> None:
         held = set(self._held_back())
         back = []
         for record in records:

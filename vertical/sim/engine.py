@@ -345,7 +345,7 @@ def simulate(
         tokens += allowance
         spent = 0.0
         blocked: list[tuple[float, int]] = []
-        recent: list[tuple[float, int]] = []
+        not_now: list[tuple[float, int]] = []  # early candidates it may not take this tick
         if host_of is not None:
             for h, cap in enumerate(host_caps):  # idle politeness is lost, like idle budget
                 host_tokens[h] = min(host_tokens[h] + cap * tick, cap * tick + 1.0)
@@ -359,7 +359,7 @@ def simulate(
                 if recs[i].fetch_time > now_s - min_delay or (host_of is not None and host_tokens[host_of[i]] < 1.0):
                     # Not within refetch.min of its last fetch, nor from a
                     # host with no room (the crawler claims none of a busy host).
-                    recent.append((due, i))
+                    not_now.append((due, i))
                     continue
                 heappush(pheap, (-recs[i].priority, i))
                 queued[i] = 1
@@ -415,7 +415,7 @@ def simulate(
             tokens = min(tokens, 0.0 if by_seconds else 1.0)  # idle capacity is lost
         for entry in blocked:
             heappush(pheap, entry)
-        for entry in recent:
+        for entry in not_now:
             heappush(theap, entry)
         if progress is not None and k % report_every == 0:
             progress(k / n_ticks)

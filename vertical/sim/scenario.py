@@ -94,8 +94,9 @@ class Scenario:
     seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
     policies: tuple[str, ...] = POLICIES
     refetch: Mapping[str, float] = field(
-        default_factory=lambda: {"initial": 86400.0, "min": 3600.0, "max": 30 * 86400.0, "factor": 2.0,
-                                 "ahead": RefetchConfig.ahead}
+        default_factory=lambda: {"initial": RefetchConfig.initial, "min": RefetchConfig.min,
+                                 "max": RefetchConfig.max, "factor": RefetchConfig.factor,
+                                 "ahead": RefetchConfig.ahead}  # the crawler's defaults
     )
     scent_delta_s: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     tick_minutes: float = 15.0
