@@ -3,11 +3,13 @@ horizon"): the default schedule against ``probe_horizon`` one year and
 ``probe_after`` 1, on scenarios of the family, in the family's 120-day
 window and in a steady state (500 days, the first 250 warm-up).
 
-    python benchmarks/freshness/horizon.py WINDOW SEEDS [SCENARIO:BUDGET ...]
+    python benchmarks/freshness/horizon.py WINDOW SEEDS [SCENARIO:BUDGET ...] [--columns default,year,...]
 
 WINDOW is ``120`` (the family's: 50 days of warm-up) or ``500`` (250);
 SEEDS a comma-separated list. Prints the freshness and the share of the
-uniform -> oracle gap closed, per cell, mean over the seeds (and per seed).
+uniform -> oracle gap closed, per cell, mean over the seeds (and per seed),
+of the columns (by default ``default`` and ``year``; ``horizon`` is a
+year's horizon alone, ``probe_after`` stays 2).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ CELLS = [f"{name}:{budget}" for name in ("lognormal-s40", "weibull0.5-s0", "pare
 #: Column -> the scenario's policy it runs (``None``: its optimal schedule as it
 #: is by default, ``after`` or ``sections``), and the schedule parameters set on top.
 POLICIES = {"uniform": ("uniform", {}), "oracle": ("oracle", {}), "default": (None, {}),
-            "year": (None, {"probe_horizon": 365 * DAY, "probe_after": 1})}
+            "year": (None, {"probe_horizon": 365 * DAY, "probe_after": 1}),
+            "horizon": (None, {"probe_horizon": 365 * DAY})}
+TITLES = {"default": "default", "year": "year, probe_after 1", "horizon": "year, probe_after 2"}
 
 
 def _run(task: tuple[str, float, int, str, int]) -> float:
@@ -46,13 +50,20 @@ def _run(task: tuple[str, float, int, str, int]) -> float:
 
 
 def main(argv: list[str]) -> None:
+    columns = ["default", "year"]
+    if "--columns" in argv:
+        at = argv.index("--columns")
+        columns = argv[at + 1].split(",")
+        argv = argv[:at] + argv[at + 2:]
     window, seeds = int(argv[0]), [int(s) for s in argv[1].split(",")]
     cells = [(c.split(":")[0], float(c.split(":")[1])) for c in (argv[2:] or CELLS)]
-    tasks = [(name, budget, seed, label, window) for name, budget in cells for seed in seeds for label in POLICIES]
+    labels = ["uniform", "oracle", *columns]
+    tasks = [(name, budget, seed, label, window) for name, budget in cells for seed in seeds for label in labels]
     with ProcessPoolExecutor() as pool:
         fresh = dict(zip(tasks, pool.map(_run, tasks)))
-    print(f"| scenario | budget | uniform | oracle | default | year, probe_after 1 |  ({window} days, seeds {argv[1]})")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| scenario | budget | uniform | oracle | {' | '.join(TITLES[c] for c in columns)} |"
+          f"  ({window} days, seeds {argv[1]})")
+    print("|---|---:|---:|---:|" + "---:|" * len(columns))
     for name, budget in cells:
         def mean(label: str) -> float:
             return sum(fresh[(name, budget, s, label, window)] for s in seeds) / len(seeds)
@@ -62,7 +73,7 @@ def main(argv: list[str]) -> None:
             return 100 * (pick(label) - pick("uniform")) / (pick("oracle") - pick("uniform"))
 
         cols = [f"{mean(label):.3f} ({gap(label):.0f}%: " + ", ".join(f"{gap(label, s):.0f}" for s in seeds) + ")"
-                for label in ("default", "year")]
+                for label in columns]
         print(f"| {name} | {budget:g} | {mean('uniform'):.3f} | {mean('oracle'):.3f} | " + " | ".join(cols) + " |",
               flush=True)
 

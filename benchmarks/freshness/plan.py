@@ -1,7 +1,7 @@
 """Does the optimal schedule's plan keep to its budget? (benchmarks/FRESHNESS.md,
 "The plan and the budget").
 
-    python benchmarks/freshness/plan.py SCENARIO BUDGET SEED [--fit bayes] [--early]
+    python benchmarks/freshness/plan.py SCENARIO BUDGET SEED [--fit bayes] [--early] [--ahead DAYS]
 
 Runs uniform, the scenario's optimal schedule and the oracle on one family
 scenario (120 days) and prints, every ten simulated days, what
@@ -12,7 +12,8 @@ crawl's lateness. ``--fit bayes`` replaces the fit by one that counts every
 visited page at its Bayes interval (numpy; an experiment, not the
 crawler's code). The simulated crawler spends budget left in a tick with
 nothing due on the pages due soonest (``refetch.ahead``); ``--early`` lets
-the oracle do the same, without limit.
+the oracle do the same, without limit; ``--ahead`` sets how far ahead
+(the scenario's ``refetch.ahead``, by default the site config's).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("seed", type=int)
     parser.add_argument("--fit", choices=("mean", "bayes"), default="mean")
     parser.add_argument("--early", action="store_true")
+    parser.add_argument("--ahead", type=float, help="refetch.ahead, days")
     args = parser.parse_args()
 
     records: dict[int, object] = {}
@@ -103,6 +105,8 @@ def main() -> None:
     if args.early:
         engine.ORACLE_AHEAD = math.inf
     scn = load_scenario(HERE / "family" / f"{args.scenario}.yaml")
+    if args.ahead is not None:
+        scn = dataclasses.replace(scn, refetch={**scn.refetch, "ahead": args.ahead * DAY})
     fresh = {}
     for label in ("uniform", "oracle", "optimal"):
         spec = next(s for s in policy_specs(scn) if s.label == label
