@@ -21,7 +21,6 @@ from vertical.policies.estimate import (
     MODIFIED_BAD_KEY,
     PROBE_KEY,
     RateDistribution,
-    changed_groups,
     cho_irregular,
     cho_regular,
     counts,
@@ -290,7 +289,7 @@ def test_changes_found_after_an_hour_and_after_a_month_are_not_pooled_at_their_m
     # A record of older code keeps its pooled counts; visits counted since go in groups.
     extra = {"chg": [2, 0, 40 * DAY, 0.0]}
     observe(extra, True, 2 * 3600)
-    assert changed_groups(extra) == ((1, 2 * 3600), (2, 40 * DAY))
+    assert history(extra)[-2] == ((1, 2 * 3600), (2, 40 * DAY))  # the visits' changes, by interval
 
 
 # -- optimal schedule ---------------------------------------------------------------

@@ -67,7 +67,6 @@ __all__ = [
     "RateDistribution",
     "cho_irregular",
     "cho_regular",
-    "changed_groups",
     "counts",
     "granularity",
     "history",
@@ -82,7 +81,7 @@ __all__ = [
 COUNTS_KEY = "chg"
 #: Key of ``record.extra`` holding the visits that found a change by the
 #: length of their interval: ``{bin: [changed, changed_time]}``, bin ``k``
-#: for intervals of 4^(k-1) to 4^k hours (see :func:`changed_groups`).
+#: for intervals of 4^(k-1) to 4^k hours (see :func:`history`).
 #: Pooled at one mean, a change found after 30 days would wash out those
 #: found after a day: ``(1 - e^(-l t))`` is concave in ``t``, and the mean
 #: overstates the likelihood of slow rates (Jensen), most when the
@@ -180,14 +179,6 @@ def _groups(bins: Any, changed: float, changed_time: float) -> tuple[tuple[float
     if changed > 0 and changed_time > 0:
         groups.append((changed, changed_time))
     return tuple(groups)
-
-
-def changed_groups(extra: MutableMapping[str, Any]) -> tuple[tuple[float, float], ...]:
-    """The visits that found a change, as ``(changed, changed_time)`` groups
-    of like intervals (:data:`CHANGED_BINS_KEY`). Empty for a page never
-    found changed."""
-    changed, _, changed_time, _ = counts(extra)
-    return _groups(extra.get(CHANGED_BINS_KEY), changed, changed_time)
 
 
 def observe_probe(extra: MutableMapping[str, Any], interval: float) -> None:
