@@ -55,6 +55,8 @@ def main(argv: list[str]) -> None:
         at = argv.index("--columns")
         columns = argv[at + 1].split(",")
         argv = argv[:at] + argv[at + 2:]
+        if unknown := set(columns) - set(TITLES):
+            sys.exit(f"unknown columns {sorted(unknown)}: choose from {', '.join(TITLES)}")
     window, seeds = int(argv[0]), [int(s) for s in argv[1].split(",")]
     cells = [(c.split(":")[0], float(c.split(":")[1])) for c in (argv[2:] or CELLS)]
     labels = ["uniform", "oracle", *columns]
