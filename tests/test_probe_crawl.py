@@ -108,9 +108,6 @@ def test_a_page_changing_at_every_visit_is_probed_once_then_left_alone(tmp_path,
     assert history[3] == (1, False, pytest.approx(30 * DAY)), history
 
 
-@pytest.mark.xfail(strict=True, reason="set_budget counts a visited page at its posterior-mean rate, next_delay "
-                   "gives it its Bayes interval: with nothing else to spend on, the price of a fetch falls and "
-                   "the ticker is chased at the shortest delay (benchmarks/FRESHNESS.md, 'The plan and the budget')")
 def test_the_refetch_plan_of_a_cron_crawl_keeps_to_the_budget(tmp_path):
     # The allowance keeps runs of the non-continuous modes to the budget,
     # whatever the plan; a plan over it makes every page late. 40 fetches a

@@ -179,6 +179,8 @@ class OptimalSchedule(FetchSchedule):
       ``initial`` is refetched once per ``initial``. A budget too small to
       refetch every page within ``max_delay`` lengthens the longest delay
       (:attr:`longest`): that floor may take at most ``max_share`` of it.
+      No document is planned more often than the whole budget allows
+      (:attr:`shortest`, ``min_delay`` or a day over the budget).
       With ``hosts`` the price is fitted under each host's politeness too.
     * With ``last_modified`` (the default) a page's ``Last-Modified``
       (``record.last_modified``, set from the response before
@@ -269,6 +271,9 @@ class OptimalSchedule(FetchSchedule):
         #: The longest delay in force: ``max_delay``, unless the budget cannot
         #: afford it (see :meth:`set_budget`).
         self.longest = self.max_delay
+        #: The shortest delay of a document: ``min_delay``, unless the budget
+        #: is less than one fetch per ``min_delay`` (see :meth:`set_budget`).
+        self.shortest = self.min_delay
         base = self.clamp(self.initial) or self.max_delay or DAY
         self.prior_interval = float(prior_interval) if prior_interval else base
         # Pseudo-visits at the initial delay, split as a page of rate 1/initial would.
@@ -387,7 +392,7 @@ class OptimalSchedule(FetchSchedule):
         """The optimal refetch delay (clamped) for a page of this rate (at
         the price ``mu``, by default the site's)."""
         f = optimal_frequency(rate, self.mu if mu is None else mu)
-        return self.clamp(1.0 / f if f > 0 else math.inf)
+        return max(self.shortest, self.clamp(1.0 / f if f > 0 else math.inf))
 
     # -- budget ---------------------------------------------------------------
 
@@ -420,7 +425,6 @@ class OptimalSchedule(FetchSchedule):
         """
         if fetches_per_day < 0 or pages < 0:
             raise ValueError("optimal: the budget and the number of pages must not be negative")
-        f_max = 1.0 / self.min_delay if self.min_delay > 0 else math.inf
         f_min = 1.0 / self.max_delay if self.max_delay > 0 else 0.0
         if pages:
             # refetch.max yields to the budget: visiting every page that
@@ -428,6 +432,14 @@ class OptimalSchedule(FetchSchedule):
             # would be the whole allocation (round robin in all but name).
             f_min = min(f_min, self.max_share * fetches_per_day / DAY / pages)
         self.longest = 1.0 / f_min if f_min > 0 else self.max_delay
+        # Nor is any page refetched more often than the whole budget allows:
+        # where nothing else is worth a fetch the price falls, and a page
+        # whose posterior keeps some weight on a rate worth chasing would be
+        # planned at min_delay, far over the budget.
+        self.shortest = self.min_delay
+        if fetches_per_day > 0:
+            self.shortest = min(max(self.min_delay, DAY / fetches_per_day), self.longest)
+        f_max = 1.0 / self.shortest if self.shortest > 0 else math.inf
         unvisited = None
         if self.population is not None:
             # Pages never revisited all share one posterior, the population:
@@ -440,11 +452,11 @@ class OptimalSchedule(FetchSchedule):
                        for key, share in self._at_prior.items()]
 
                 def unvisited(mu: float) -> float:
-                    return sum(share / bayes_interval(population.rates, weights, mu, self.min_delay, self.longest)
+                    return sum(share / bayes_interval(population.rates, weights, mu, self.shortest, self.longest)
                                for share, weights in mix)
             else:
                 def unvisited(mu: float) -> float:
-                    return 1.0 / bayes_interval(population.rates, population.weights, mu, self.min_delay,
+                    return 1.0 / bayes_interval(population.rates, population.weights, mu, self.shortest,
                                                 self.longest)
 
         if hosts and self.per_host:
@@ -543,13 +555,13 @@ class OptimalSchedule(FetchSchedule):
         posterior = prior.posterior(*seen)
         # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = prior.mean(posterior)
-        interval = bayes_interval(prior.rates, posterior, mu, self.min_delay, self.longest)
+        interval = bayes_interval(prior.rates, posterior, mu, self.shortest, self.longest)
         if self.probe and changed and changes >= self.probe_after:
             # A change at every visit does not tell a page worth chasing from
             # one too fast to keep fresh: a sooner visit may (value of sample
             # information against the price of a fetch).
             horizon = self.probe_horizon or self.longest
-            probe = probe_interval(prior.rates, posterior, mu, interval, self.min_delay, self.longest, horizon,
+            probe = probe_interval(prior.rates, posterior, mu, interval, self.shortest, self.longest, horizon,
                                    lateness=min(self.lateness, self.probe_lateness))
             if probe is not None:
                 record.extra[PROBING_KEY] = 1
