@@ -1002,6 +1002,27 @@ def test_refetch_max_yields_to_a_budget_that_cannot_afford_it():
         OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, max_share=0)
 
 
+
+def test_no_page_is_planned_more_often_than_the_whole_budget():
+    # Six pages, 40 fetches a day: one page changing at every visit. With
+    # little else to spend on, the price of a fetch falls; no plan within
+    # the budget refetches any page sooner than every 36 minutes.
+    s = OptimalSchedule(initial=DAY, min_delay=600, max_delay=30 * DAY)
+    s.set_budget(1000.0, 6)
+    assert s.shortest == 600  # min_delay binds
+    s.set_budget(40.0, 6, rates=[0.0] * 5)
+    assert s.shortest == pytest.approx(DAY / 40)
+    ticker = rec(1, level=2)
+    s.set_discovered(ticker, 0.0)
+    s.set_fetched(ticker, 0.0, changed=True)
+    for _ in range(6):
+        s.mu = 1.0  # as cheap as a fetch can get
+        s.set_fetched(ticker, ticker.next_fetch, changed=True)
+        assert ticker.refetch_delay >= DAY / 40
+    # A budget of less than a fetch per longest delay: the longest still bounds it.
+    s.set_budget(0.001, 0)
+    assert s.shortest == s.longest == 30 * DAY
+
 def test_politeness_inside_the_optimum():
     """Kolobov et al.: a host whose politeness cannot take its share of the
     budget gets its own price; the budget it leaves goes to the others."""
