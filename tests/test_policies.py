@@ -1002,7 +1002,6 @@ def test_refetch_max_yields_to_a_budget_that_cannot_afford_it():
         OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, max_share=0)
 
 
-
 def test_no_page_is_planned_more_often_than_the_whole_budget():
     # Six pages, 40 fetches a day: one page changing at every visit. With
     # little else to spend on, the price of a fetch falls; no plan within
@@ -1019,9 +1018,10 @@ def test_no_page_is_planned_more_often_than_the_whole_budget():
         s.mu = 1.0  # as cheap as a fetch can get
         s.set_fetched(ticker, ticker.next_fetch, changed=True)
         assert ticker.refetch_delay >= DAY / 40
-    # A budget of less than a fetch per longest delay: the longest still bounds it.
+    # A budget under a fetch per longest delay: the shortest is the longest.
     s.set_budget(0.001, 0)
     assert s.shortest == s.longest == 30 * DAY
+
 
 def test_politeness_inside_the_optimum():
     """Kolobov et al.: a host whose politeness cannot take its share of the

@@ -180,7 +180,7 @@ class OptimalSchedule(FetchSchedule):
       refetch every page within ``max_delay`` lengthens the longest delay
       (:attr:`longest`): that floor may take at most ``max_share`` of it.
       No document is planned more often than the whole budget allows
-      (:attr:`shortest`, ``min_delay`` or a day over the budget).
+      (:attr:`shortest`: ``min_delay``, or a day divided by the budget).
       With ``hosts`` the price is fitted under each host's politeness too.
     * With ``last_modified`` (the default) a page's ``Last-Modified``
       (``record.last_modified``, set from the response before
@@ -432,7 +432,7 @@ class OptimalSchedule(FetchSchedule):
             # would be the whole allocation (round robin in all but name).
             f_min = min(f_min, self.max_share * fetches_per_day / DAY / pages)
         self.longest = 1.0 / f_min if f_min > 0 else self.max_delay
-        # Nor is any page refetched more often than the whole budget allows:
+        # No page is refetched more often than the whole budget allows:
         # where nothing else is worth a fetch the price falls, and a page
         # whose posterior keeps some weight on a rate worth chasing would be
         # planned at min_delay, far over the budget.
