@@ -12,7 +12,7 @@ np = pytest.importorskip("numpy")
 
 from vertical.sim import ScenarioError, parse_scenario  # noqa: E402
 from vertical.sim.engine import PolicySpec, simulate  # noqa: E402
-from vertical.sim.metrics import score  # noqa: E402
+from vertical.sim.metrics import page_freshness, score  # noqa: E402
 from vertical.sim.runner import run_scenario  # noqa: E402
 from vertical.sim.site import make_site, section_name  # noqa: E402
 from vertical.traps import url_family  # noqa: E402
@@ -77,6 +77,20 @@ def test_the_score_is_the_same_for_a_horizon_given_in_whole_days():
     whole = dataclasses.replace(site, horizon=int(site.horizon))
     assert score(whole, log, int(scn.warmup_days)) == score(site, log, scn.warmup_days)
 
+
+
+def test_page_freshness_adds_up_to_the_score():
+    """Per page, the days fresh in the window, over the documents alive in
+    it (pages announced during the run included), are the run's freshness."""
+    scn = parse_scenario({**SMALL, "seeds": [1]})
+    site = make_site(scn, 1)
+    log = simulate(site, PolicySpec("optimal", "optimal", "due"), 0.5, scn)
+    fresh, fetches = page_freshness(site, log, scn.warmup_days)
+    docs = np.arange(site.n_hubs, site.n)
+    alive = site.horizon - np.maximum(site.created[docs], scn.warmup_days)
+    m = score(site, log, scn.warmup_days)
+    assert fresh[docs].sum() / alive.sum() == pytest.approx(m.freshness, rel=1e-9)
+    assert fetches.sum() == m.fetches
 
 def test_round_robin_matches_the_closed_form():
     """Every page changes at rate 0.5/day and round robin visits each every

@@ -26,29 +26,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from vertical.sim.engine import policy_specs, simulate  # noqa: E402
+from vertical.sim.metrics import page_freshness  # noqa: E402
 from vertical.sim.scenario import load_scenario  # noqa: E402
-from vertical.sim.site import Site, make_site  # noqa: E402
+from vertical.sim.site import make_site  # noqa: E402
 
 LABELS = ("uniform", "oracle", "after")
 EDGES = (0.0, 1e-9, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, np.inf)
-
-
-def per_page(site: Site, pages: np.ndarray, times: np.ndarray, warmup: float) -> tuple[np.ndarray, ...]:
-    """Per page: days fresh and fetches in ``[warmup, horizon)``, and its days alive there."""
-    horizon = float(site.horizon)
-    order = np.lexsort((times, pages))
-    pages, times = pages[order], times[order]
-    nxt = np.append(times[1:], horizon)
-    nxt[np.append(pages[1:] != pages[:-1], True)] = horizon
-    fresh, fetches = np.zeros(site.n), np.zeros(site.n)
-    ct, off = site.change_times, site.offsets
-    for p, t, until in zip(pages, times, nxt):
-        j = off[p] + np.searchsorted(ct[off[p]:off[p + 1]], t, side="right")
-        change = ct[j] if j < off[p + 1] else np.inf
-        lo, hi = max(t, warmup), min(change, until, horizon)
-        fresh[p] += max(hi - lo, 0.0)
-        fetches[p] += t >= warmup
-    return fresh, fetches, horizon - np.maximum(site.created, warmup)
 
 
 def main(argv: list[str]) -> None:
@@ -64,8 +47,8 @@ def main(argv: list[str]) -> None:
         spec = specs[label]
         if label == "after" and params:
             spec = dataclasses.replace(spec, schedule_params={**spec.schedule_params, **params})
-        log = simulate(site, spec, budget, scn)
-        runs[label] = per_page(site, log.pages, log.times, warmup)
+        fresh, fetches = page_freshness(site, simulate(site, spec, budget, scn), warmup)
+        runs[label] = fresh, fetches, site.horizon - np.maximum(site.created, warmup)  # days alive in the window
         fresh, _, alive = runs[label]
         print(f"{label}: freshness {fresh[docs].sum() / alive[docs].sum():.4f}")
     site_alive = runs["oracle"][2][docs].sum()

@@ -17,7 +17,7 @@ import numpy as np
 from vertical.sim.engine import FetchLog
 from vertical.sim.site import Site
 
-__all__ = ["RunMetrics", "score"]
+__all__ = ["RunMetrics", "page_freshness", "score"]
 
 
 @dataclass
@@ -56,12 +56,13 @@ def _age_integral(base: np.ndarray, start: np.ndarray, end: np.ndarray, lo: floa
     return float(np.sum(((v - b) ** 2 - (u - b) ** 2) / 2.0))
 
 
-def score(site: Site, log: FetchLog, warmup: float) -> RunMetrics:
-    """Every metric of one run (see the module docstring)."""
-    H, W = float(site.horizon), float(warmup)  # an int horizon would make nxt an int array
-    n, first_new = site.n, site.first_new
-    created = site.created
-    owner = np.repeat(np.arange(n), np.diff(site.offsets))
+def _fetch_spans(site: Site, log: FetchLog) -> tuple[np.ndarray, ...]:
+    """The fetches in page order: page, time, first fetch of its page or not,
+    the page's next fetch (the horizon after its last), its first change
+    after the fetch (inf if none), and the indices in ``site.change_times``
+    of the first change after the fetch and after the page's previous fetch."""
+    H = float(site.horizon)  # an int horizon would make nxt an int array
+    owner = np.repeat(np.arange(site.n), np.diff(site.offsets))
     ct = site.change_times
     span = H + 2.0
     ct_key = owner * span + ct
@@ -75,13 +76,34 @@ def score(site: Site, log: FetchLog, warmup: float) -> RunMetrics:
     last[:-1] = P[1:] != P[:-1]
     nxt = np.full(m, H)
     nxt[:-1] = np.where(last[:-1], H, T[1:])
-    prv = np.where(first, created[P], np.concatenate([[0.0], T[:-1]]))
+    prv = np.where(first, site.created[P], np.concatenate([[0.0], T[:-1]]))
 
     j_after = np.searchsorted(ct_key, P * span + T, side="right")  # first change after T
     j_before = np.searchsorted(ct_key, P * span + prv, side="right")
-    page_end = site.offsets[P + 1]
-    has_next = j_after < page_end
+    has_next = j_after < site.offsets[P + 1]
     e = np.where(has_next, ct[np.minimum(j_after, len(ct) - 1)], np.inf)  # next change after the fetch
+    return P, T, first, nxt, e, j_after, j_before
+
+
+def page_freshness(site: Site, log: FetchLog, warmup: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per page: the days it was fresh in ``[warmup, horizon)``, and its
+    fetches there (hubs included; :func:`score`'s freshness is the first
+    summed over the documents, over their days alive in the window)."""
+    H, W = float(site.horizon), float(warmup)
+    P, T, _, nxt, e, _, _ = _fetch_spans(site, log)
+    fresh = np.clip(np.minimum(np.minimum(e, nxt), H) - np.maximum(T, W), 0.0, None)
+    return (np.bincount(P, weights=fresh, minlength=site.n),
+            np.bincount(P[T >= W], minlength=site.n).astype(float))
+
+
+def score(site: Site, log: FetchLog, warmup: float) -> RunMetrics:
+    """Every metric of one run (see the module docstring)."""
+    H, W = float(site.horizon), float(warmup)  # an int horizon would make nxt an int array
+    n, first_new = site.n, site.first_new
+    created = site.created
+    owner = np.repeat(np.arange(n), np.diff(site.offsets))
+    ct = site.change_times
+    P, T, first, nxt, e, j_after, j_before = _fetch_spans(site, log)
     changed = first | (j_after > j_before)
 
     doc_f = P >= site.n_hubs
