@@ -17,6 +17,7 @@ feeds held them (the store's outbox), then the entry URLs.
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from scrapy import Request, Spider, signals
 from scrapy.exceptions import NotConfigured
 from scrapy.http import Response, TextResponse
 from scrapy.spidermiddlewares.referer import RefererMiddleware
+from twisted.internet import task
 from twisted.python.failure import Failure
 
 from middlewares.dns import prefetch
@@ -54,6 +56,7 @@ META_COMPOSITE = "vertical.composite"
 META_STAGE_URL = "vertical.stage_url"
 META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
 META_ERRBACK = "vertical.errback"  # a start request's own errback
+META_SITEMAP_DEPTH = "vertical.sitemap_depth"  # 0: named by the config or robots.txt
 
 
 @dataclass(slots=True, eq=False)
@@ -122,7 +125,11 @@ class VerticalSpider(Spider):
         self.seconds = float(seconds or 0)
         self.site: SiteConfig
         self._referer: RefererMiddleware | None = None
-        self._sitemaps: set[str] = set()  # sitemap URLs requested this run
+        self._sitemaps: dict[str, float] = {}  # sitemap URL -> when last requested (monotonic)
+        self._sitemap_roots: set[str] = set()  # named by the config or robots.txt
+        self._sitemap_children: dict[str, list[str]] = {}  # index -> the sitemaps it listed last
+        self._sitemap_validators: dict[str, dict[bytes, bytes]] = {}  # URL -> conditional headers
+        self._sitemap_loop: task.LoopingCall | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
@@ -137,6 +144,8 @@ class VerticalSpider(Spider):
         spider.allowed_domains = list(spider.site.allowed_domains)
         apply_site_settings(spider.site, crawler.settings)
         crawler.signals.connect(spider._callback_failed, signal=signals.spider_error)
+        crawler.signals.connect(spider._sitemaps_opened, signal=signals.spider_opened)
+        crawler.signals.connect(spider._sitemaps_closed, signal=signals.spider_closed)
         return spider
 
     @property
@@ -152,32 +161,79 @@ class VerticalSpider(Spider):
         for url in self.site.start_urls:
             yield Request(canonicalize(url, self.site.traps.strip_params),
                           meta={META_LEVEL: 0, META_SEED: True})
+        self._sitemap_roots.update(self.site.sitemaps)
         for url in self.site.sitemaps:
-            if request := self._sitemap_request(url):
+            if request := self._sitemap_request(url, 0):
                 yield request
 
     # -- sitemaps ---------------------------------------------------------------
+    #
+    # A sitemap is read at the start of a run and, while the run goes on,
+    # again once VERTICAL_SITEMAP_TTL has passed: a continuous crawl would
+    # otherwise see each lastmod only as it was when it started. Reads after
+    # the first are conditional (the sitemap's own ETag and Last-Modified), so
+    # an unchanged sitemap costs a 304. Sitemap fetches are not frontier
+    # pages: served first, never stored, outside refetch.budget (as robots.txt).
+
+    @property
+    def _sitemap_ttl(self) -> float:
+        return self.crawler.settings.getfloat("VERTICAL_SITEMAP_TTL")
+
+    def _sitemaps_opened(self) -> None:
+        if self._sitemap_ttl > 0:
+            # Checked often enough to read each within a quarter TTL of its time.
+            self._sitemap_loop = task.LoopingCall(self._read_sitemaps_again)
+            self._sitemap_loop.start(min(self._sitemap_ttl / 4, 60.0), now=False)
+
+    def _sitemaps_closed(self) -> None:
+        if self._sitemap_loop is not None and self._sitemap_loop.running:
+            self._sitemap_loop.stop()
+
+    def _read_sitemaps_again(self) -> None:
+        """The sitemaps named by the config or robots.txt whose time has come;
+        an index read again brings its sitemaps along."""
+        now = time.monotonic()
+        for url in sorted(self._sitemap_roots):
+            if now - self._sitemaps.get(url, now) >= self._sitemap_ttl and (request := self._sitemap_request(url, 0)):
+                self.crawler.engine.crawl(request)  # type: ignore[union-attr]
 
     def sitemaps_found(self, urls: Iterable[str]) -> None:
-        """Sitemaps named elsewhere (robots.txt): fetched now, each once a run."""
+        """Sitemaps named elsewhere (robots.txt, read again every
+        ``VERTICAL_ROBOTS_TTL``): fetched now, unless read lately."""
         engine = self.crawler.engine
         for url in urls:
-            if sitemap_wanted(self.site, url, page=False) and (request := self._sitemap_request(url)):
-                engine.crawl(request)  # type: ignore[union-attr]
+            if sitemap_wanted(self.site, url, page=False):
+                self._sitemap_roots.add(url)
+                if request := self._sitemap_request(url, 0):
+                    engine.crawl(request)  # type: ignore[union-attr]
 
-    def _sitemap_request(self, url: str) -> Request | None:
-        if url in self._sitemaps:
+    def _sitemap_request(self, url: str, depth: int) -> Request | None:
+        """The request that reads sitemap ``url``, or None when it was read
+        within half a TTL (a robots.txt read again, an index listing it) or,
+        with a TTL of 0, at all this run."""
+        last = self._sitemaps.get(url)
+        now = time.monotonic()
+        if last is not None and (self._sitemap_ttl <= 0 or now - last < self._sitemap_ttl / 2):
             return None
-        self._sitemaps.add(url)
+        self._sitemaps[url] = now
         # Direct: served before frontier URLs, never stored; the entries are.
         return Request(url, callback=self.parse_sitemap, errback=self._sitemap_failed,
-                       meta={META_DIRECT: True}, dont_filter=True)
+                       headers=self._sitemap_validators.get(url), meta={META_DIRECT: True, META_SITEMAP_DEPTH: depth},
+                       dont_filter=True)
 
     def parse_sitemap(self, response: Response) -> Iterator[Any]:
         """A sitemap index: its sitemaps are fetched. A sitemap: its pages go
         to the frontier with their lastmod (see
-        :meth:`~vertical.scheduler.FrontierScheduler.sitemap_entries`)."""
+        :meth:`~vertical.scheduler.FrontierScheduler.sitemap_entries`). A 304:
+        nothing changed since it was last read (an index's sitemaps are read
+        all the same: they change without it)."""
         stats = self.crawler.stats
+        depth = response.meta.get(META_SITEMAP_DEPTH, 0)
+        url = response.meta.get("redirect_urls", [response.url])[0]  # as requested (and known)
+        if response.status == 304:
+            stats.inc_value("vertical/sitemap/not_modified")
+            yield from self._sitemap_requests(self._sitemap_children.get(url, ()), depth + 1)
+            return
         body = sitemap_body(response, self.crawler.settings.getint("DOWNLOAD_MAXSIZE")) \
             if response.status == 200 else None
         kind, entries = read_sitemap(body, response.url) if body is not None else ("", [])
@@ -186,20 +242,34 @@ class VerticalSpider(Spider):
             stats.inc_value("vertical/sitemap/unreadable")
             return
         stats.inc_value(f"vertical/sitemap/{kind}")
+        validators = {h: v for h, v in ((b"If-None-Match", response.headers.get(b"ETag")),
+                                        (b"If-Modified-Since", response.headers.get(b"Last-Modified"))) if v}
+        self._sitemap_validators[url] = validators
         if kind == "sitemapindex":
-            for url, _ in entries:
-                if sitemap_wanted(self.site, url, page=False) and (request := self._sitemap_request(url)):
-                    yield request
+            children = [child for child, _ in entries if sitemap_wanted(self.site, child, page=False)]
+            self._sitemap_children[url] = children
+            yield from self._sitemap_requests(children, depth + 1)
             return
         strip = self.site.traps.strip_params
         pages = []
-        for url, lastmod in entries:
-            if sitemap_wanted(self.site, url, page=True):
+        for page, lastmod in entries:
+            if sitemap_wanted(self.site, page, page=True):
                 try:
-                    pages.append((canonicalize(url, strip), lastmod))
+                    pages.append((canonicalize(page, strip), lastmod))
                 except ValueError:
                     continue
         self.crawler.engine.scheduler.sitemap_entries(pages)  # type: ignore[union-attr]
+
+    def _sitemap_requests(self, urls: Iterable[str], depth: int) -> Iterator[Request]:
+        """The sitemaps an index lists, down to ``VERTICAL_SITEMAP_DEPTH``:
+        a chain of indexes made up on the fly is a trap like any other."""
+        urls = list(urls)
+        if urls and depth > self.crawler.settings.getint("VERTICAL_SITEMAP_DEPTH"):
+            self.crawler.stats.inc_value("vertical/sitemap/too_deep", len(urls))
+            return
+        for url in urls:
+            if request := self._sitemap_request(url, depth):
+                yield request
 
     def _sitemap_failed(self, failure: Failure) -> None:
         logger.warning("Sitemap not fetched: %s (%s)", failure.request.url, failure.getErrorMessage())  # type: ignore[attr-defined]

@@ -5,14 +5,16 @@ site's own sitemaps, then real ``scrapy crawl`` runs against it."""
 from __future__ import annotations
 
 import gzip
+import signal
 import time
 from datetime import UTC, datetime
 
 import pytest
 from scrapy.http import Response, XmlResponse
 
-from tests.crawling import crawl, site_file
+from tests.crawling import crawl, serving, site_file, small_site, start_crawl, wait_for
 from tests.test_incremental import records
+from tests.test_robots import SmallSite, html
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite, step_date
@@ -163,3 +165,64 @@ def test_sitemap_from_the_config_brings_pages_no_link_reaches(tmp_path):
     assert result.stat("vertical/sitemap/urls") == len(films) + len(years)
     stored = records(tmp_path / "f.sqlite3")
     assert {stored[p].level for p in films} == {1}
+
+
+def test_a_continuous_crawl_reads_its_sitemaps_again(tmp_path):
+    """A continuous crawl reads its sitemaps again every
+    ``VERTICAL_SITEMAP_TTL`` (2 s here), conditionally. While the site stands
+    still they answer 304 and no film is fetched (none is due by its
+    schedule: initial 2 days, the crawl's clock a day on). When it moves a
+    step, the next reading finds the lastmods moved: the changed films and
+    the new ones are fetched, each once, and the readings after that bring
+    none of them again."""
+    start = time.time()
+    demo = DemoSite(seed=0, sitemap=True, etags=True, epoch=datetime.fromtimestamp(start - DAY / 2, UTC))
+    plan = demo.plan()
+    moved = {f"/film/{plan[k]}" for k in ("director", "actor", "year")}
+    new = {f"/film/{i}" for i in demo.changes(1)["new"]}
+    with serve(demo) as server:
+        site = site_file(tmp_path, server.url, refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"})
+        store = tmp_path / "f.sqlite3"
+        crawl(site, store, tmp_path, tag="1")
+        server.clear_log()
+
+        def films_read(status: int | None = None) -> int:
+            return sum(r["path"] == "/sitemap-films.xml.gz" and status in (None, r["status"]) for r in server.requests)
+
+        proc = start_crawl(site, store, tmp_path / "c", args={"mode": "continuous"},
+                           settings={"VERTICAL_TIME_OFFSET": DAY, "VERTICAL_SITEMAP_TTL": 2})
+        try:
+            wait_for(lambda: films_read(304), timeout=120)
+            assert film_requests(server) == []
+            index = [r for r in server.requests if r["path"] == "/sitemap.xml"]
+            assert index[0]["status"] == 200 and {r["status"] for r in index[1:]} == {304}
+            assert all(r["if_none_match"] for r in index[1:])
+            demo.set_step(1)
+            wait_for(lambda: set(film_requests(server)) >= moved | new, timeout=120)
+            after = films_read()
+            wait_for(lambda: films_read() >= after + 2, timeout=120)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        requested = film_requests(server)
+    assert proc.returncode == 0
+    assert sorted(requested) == sorted(moved | new)
+
+
+def test_a_chain_of_sitemap_indexes_is_followed_only_so_deep(tmp_path):
+    """Each index lists the next, ten deep (a site could make them up
+    forever): the crawl follows them down to ``VERTICAL_SITEMAP_DEPTH`` (2)
+    below the sitemap the config names, counts the rest as too deep, and
+    ends."""
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html())}
+    for n in range(10):
+        index = (f'<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                 f"<sitemap><loc>/sm/{n + 1}.xml</loc></sitemap></sitemapindex>")
+        pages[f"/sm/{n}.xml"] = (200, index.encode())
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "chain", server.url, sitemaps=[f"{server.url}/sm/0.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    assert result.returncode == 0
+    assert [p for p in server.log if p.startswith("/sm/")] == ["/sm/0.xml", "/sm/1.xml", "/sm/2.xml"]
+    assert result.stat("vertical/sitemap/sitemapindex") == 3
+    assert result.stat("vertical/sitemap/too_deep") == 1

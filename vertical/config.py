@@ -248,7 +248,8 @@ class SiteConfig:
     traps: TrapConfig = TrapConfig()
     duplicates: DuplicateConfig = DuplicateConfig()
     #: Sitemaps (or sitemap indexes, gzipped or not) read at the start of every
-    #: run, besides those robots.txt names.
+    #: run and every ``VERTICAL_SITEMAP_TTL`` while it runs, besides those
+    #: robots.txt names.
     sitemaps: tuple[str, ...] = ()
 
     def document_rule(self, name: str) -> DocumentRule:

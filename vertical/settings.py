@@ -107,6 +107,12 @@ ROBOTSTXT_OBEY = True
 # answers 5xx/429 or fails, the host is left alone this long.
 VERTICAL_ROBOTS_TTL = 86400
 VERTICAL_ROBOTS_POSTPONE = 3600
+# A sitemap is read again (conditionally) this many seconds after it was last
+# read, while a crawl runs (0: once a run); an index nested deeper than
+# VERTICAL_SITEMAP_DEPTH below the sitemap named is not followed (the
+# protocol nests none: an index lists sitemaps).
+VERTICAL_SITEMAP_TTL = 86400
+VERTICAL_SITEMAP_DEPTH = 2
 CONCURRENT_REQUESTS = 16
 # Scrapy starts this many item tasks for every response, whatever it yields
 # (asyncio tasks that mostly wait for the end of the page's output): 100, the
