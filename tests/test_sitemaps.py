@@ -4,10 +4,14 @@ site's own sitemaps, then real ``scrapy crawl`` runs against it."""
 
 from __future__ import annotations
 
+import ast
+import calendar
 import gzip
+import re
 import signal
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from scrapy.http import Response, XmlResponse
@@ -22,6 +26,7 @@ from vertical.sitemaps import lastmod_time, read_sitemap, sitemap_body
 
 DAY = 86400.0
 BASE = "http://127.0.0.1:8000"
+FEEDS = Path(__file__).parent / "data" / "feeds"
 
 
 def served(site: DemoSite, path: str) -> Response:
@@ -226,3 +231,61 @@ def test_a_chain_of_sitemap_indexes_is_followed_only_so_deep(tmp_path):
     assert [p for p in server.log if p.startswith("/sm/")] == ["/sm/0.xml", "/sm/1.xml", "/sm/2.xml"]
     assert result.stat("vertical/sitemap/sitemapindex") == 3
     assert result.stat("vertical/sitemap/too_deep") == 1
+
+
+def _expected(path: Path) -> tuple[str, object]:
+    """What feedparser's authors expect of a feed of its test suite."""
+    found = re.search(r"Expect:.*entries\[0\]\['(link|updated_parsed|published_parsed)'\] == ('[^']*'|\([^)]*\))",
+                      path.read_text())
+    assert found, path
+    return found[1], ast.literal_eval(found[2])
+
+
+@pytest.mark.parametrize("path", sorted(FEEDS.glob("*.xml")), ids=lambda p: p.name)
+def test_feeds_are_sitemaps(path):
+    """RSS 2.0, RSS 1.0 and Atom 1.0 and 0.3 feeds, from feedparser's test
+    suite: the first item's link, and its date as a lastmod (the feeds that
+    test dates have no link: one is added)."""
+    field, want = _expected(path)
+    body = path.read_bytes()
+    if field != "link":
+        body = re.sub(rb"(<item>|<entry>)", rb'\1<link href="http://example.com/a">http://example.com/a</link>', body)
+    kind, entries = read_sitemap(body, "http://example.com/feed.xml")
+    assert kind == "feed"
+    url, lastmod = entries[0]
+    if field == "link":
+        assert url == want
+    else:
+        assert lastmod == calendar.timegm(want[:6])
+
+
+def test_what_is_no_feed_entry():
+    """Items without a link, or with one that is no URL, are skipped; a
+    date neither W3C nor RFC 822 is no lastmod."""
+    rss = (b'<rss version="2.0"><channel><item><title>no link</title></item>'
+           b'<item><guid isPermaLink="false">tag:1</guid></item><item><link>http://[bad</link></item>'
+           b"<item><link>/ok</link><pubDate>yesterday</pubDate></item></channel></rss>")
+    assert read_sitemap(rss, "http://example.com/feed") == ("feed", [("http://example.com/ok", None)])
+    atom = (b'<feed xmlns="http://www.w3.org/2005/Atom" xml:base="http://example.com/blog/">'
+            b'<entry><link rel="self" href="/self"/><link href="post-1"/><updated>2024-01-02T03:04:05Z</updated>'
+            b'</entry><entry><link rel="enclosure" href="/a.mp3"/></entry></feed>')
+    assert read_sitemap(atom, "http://other.example/feed") == (
+        "feed", [("http://example.com/blog/post-1", lastmod_time("2024-01-02T03:04:05Z"))])
+    assert read_sitemap(b"<urlset><url><loc>http://[bad</loc></url><url><loc>/a</loc></url></urlset>",
+                        "http://example.com/s.xml") == ("urlset", [("http://example.com/a", None)])
+
+
+def test_a_feed_named_as_a_sitemap_brings_its_items(tmp_path):
+    """A site config can name an RSS feed among its sitemaps: its items'
+    pages, which no link reaches, are crawled."""
+    feed = (b'<?xml version="1.0"?>\n<rss version="2.0"><channel><title>news</title>'
+            b"<item><link>/news/a</link><pubDate>Mon, 01 Jan 2024 10:00:00 GMT</pubDate></item>"
+            b"<item><link>/news/b</link></item></channel></rss>")
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/feed": (200, feed),
+             "/news/a": (200, html()), "/news/b": (200, html())}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/feed"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    assert result.returncode == 0
+    assert {"/news/a", "/news/b"} <= set(server.log)
+    assert result.stat("vertical/sitemap/feed") == 1 and result.stat("vertical/sitemap/urls") == 2

@@ -247,7 +247,7 @@ class SiteConfig:
     lanes: LanesConfig = LanesConfig()
     traps: TrapConfig = TrapConfig()
     duplicates: DuplicateConfig = DuplicateConfig()
-    #: Sitemaps (or sitemap indexes, gzipped or not) read at the start of every
+    #: Sitemaps (sitemap indexes, feeds; gzipped or not) read at the start of every
     #: run and every ``VERTICAL_SITEMAP_TTL`` while it runs, besides those
     #: robots.txt names.
     sitemaps: tuple[str, ...] = ()

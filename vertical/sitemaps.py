@@ -7,6 +7,12 @@ in the site config's ``sitemaps``) says which pages it has and, with
 as its SitemapSpider does; what the frontier makes of the entries is
 :meth:`vertical.scheduler.FrontierScheduler.sitemap_entries`.
 
+A syndication feed is a sitemap too, as the sitemaps.org protocol and the
+search engines take it (RSS 2.0, RSS 1.0, Atom 1.0): each item's link is a
+URL, its ``<updated>`` (Atom), or else its ``<pubDate>`` (RSS) or
+``<dc:date>``, its lastmod. A feed lists only the newest items, which is
+what makes it worth reading often.
+
 Pure functions, no I/O: the spider fetches, these read.
 """
 
@@ -16,22 +22,31 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
+from lxml import etree
 from scrapy.http import XmlResponse
 from scrapy.utils.gz import gunzip, gzip_magic_number
 from scrapy.utils.sitemap import Sitemap
 
 from vertical.config import host_allowed
 from vertical.extract import link_followed
+from vertical.policies.estimate import parse_http_date
 
 if TYPE_CHECKING:
     from scrapy.http import Response
 
     from vertical.config import SiteConfig
 
-__all__ = ["SitemapEntry", "lastmod_time", "read_sitemap", "sitemap_body", "sitemap_wanted"]
+__all__ = ["SitemapEntry", "lastmod_time", "read_feed", "read_sitemap", "sitemap_body", "sitemap_wanted"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
+
+#: Atom 1.0's namespace, then Atom 0.3's.
+_ATOMS = ("http://www.w3.org/2005/Atom", "http://purl.org/atom/ns#")
+_DC = "http://purl.org/dc/elements/1.1/"
+_DCTERMS = "http://purl.org/dc/terms/"
+#: The root element of each kind of feed (RSS 1.0's is rdf:RDF).
+_FEEDS = {"rss", "RDF", "feed"}
 
 
 def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
@@ -69,18 +84,98 @@ def lastmod_time(value: str | None) -> float | None:
 
 
 def read_sitemap(body: bytes, base_url: str) -> tuple[str, list[SitemapEntry]]:
-    """The sitemap's type (``urlset`` or ``sitemapindex``; anything else
-    lists nothing) and its entries, ``<loc>`` made absolute against
+    """The sitemap's type (``urlset``, ``sitemapindex`` or ``feed``; anything
+    else lists nothing) and its entries, ``<loc>`` made absolute against
     *base_url* (the sitemap's own URL)."""
     try:
         sitemap = Sitemap(body)
     except Exception:  # lxml's XMLSyntaxError and friends: not a sitemap
         return "", []
+    if sitemap.type in _FEEDS:
+        return "feed", read_feed(body, base_url)
     if sitemap.type not in ("urlset", "sitemapindex"):
         return "", []
-    entries = [(urljoin(base_url, e["loc"].strip()), lastmod_time(e.get("lastmod")))
-               for e in sitemap if e.get("loc")]
+    entries = [(url, lastmod_time(e.get("lastmod")))
+               for e in sitemap if e.get("loc") and (url := _absolute(base_url, e["loc"]))]
     return sitemap.type, entries
+
+
+def _absolute(base_url: str, url: str) -> str | None:
+    """``url`` made absolute, None when it is no URL (``http://[x``)."""
+    try:
+        return urljoin(base_url, url.strip())
+    except ValueError:
+        return None
+
+
+def read_feed(body: bytes, base_url: str) -> list[SitemapEntry]:
+    """The entries of an RSS 2.0, RSS 1.0 or Atom (1.0, 0.3) feed: each
+    item's link (Atom: the ``alternate`` one, against its ``xml:base``; RSS
+    2.0 without a link: a permalink ``<guid>``) and its lastmod, the date it
+    was last updated or else published."""
+    # Parsed as Scrapy's Sitemap parses: no entities resolved, no network.
+    parser = etree.XMLParser(recover=True, remove_comments=True, resolve_entities=False, no_network=True)
+    try:
+        root = etree.fromstring(body, parser=parser, base_url=base_url)
+    except (etree.XMLSyntaxError, ValueError):
+        return []
+    if root is None:
+        return []
+    atom = next((ns for ns in _ATOMS if root.tag == f"{{{ns}}}feed"), None)
+    if atom is not None:
+        items = root.iterchildren(f"{{{atom}}}entry")
+        return [entry for item in items if (entry := _atom_entry(item, atom, base_url))]
+    channel = next((c for c in root if _localname(c) == "channel"), None)
+    # RSS 2.0's items are in its channel, RSS 1.0's beside it.
+    items = [i for parent in (root, channel) if parent is not None for i in parent if _localname(i) == "item"]
+    return [entry for item in items if (entry := _rss_entry(item, base_url))]
+
+
+def _localname(element: etree._Element) -> str | None:
+    # Not etree.QName: a feed parsed with recover may have tags it rejects.
+    return element.tag.rpartition("}")[2] if isinstance(element.tag, str) else None  # not a comment
+
+
+def _text(item: etree._Element, *tags: str) -> str | None:
+    """The text of ``item``'s child of the first of ``tags`` it has (the
+    last such child: a later value overrides, as feed readers take it)."""
+    for tag in tags:
+        texts = [t.strip() for found in item.iterchildren(tag) if (t := found.text) and t.strip()]
+        if texts:
+            return texts[-1]
+    return None
+
+
+def _date(value: str | None) -> float | None:
+    """A feed's date: W3C (Atom, Dublin Core) or RFC 822 (RSS)."""
+    if value is None:
+        return None
+    w3c = lastmod_time(value)
+    return w3c if w3c is not None else parse_http_date(value)
+
+
+def _atom_entry(item: etree._Element, ns: str, base_url: str) -> SitemapEntry | None:
+    for link in item.iterchildren(f"{{{ns}}}link"):
+        if link.get("rel", "alternate") == "alternate" and (href := link.get("href", "").strip()):
+            if (url := _absolute(link.base or base_url, href)) is None:
+                return None
+            # Atom 1.0's updated and published, Atom 0.3's modified and issued.
+            dates = (f"{{{ns}}}{tag}" for tag in ("updated", "modified", "published", "issued"))
+            return url, _date(_text(item, *dates))
+    return None
+
+
+def _rss_entry(item: etree._Element, base_url: str) -> SitemapEntry | None:
+    # RSS 1.0's link is in the namespace of its item ("{...}item"), RSS 2.0's in none.
+    link = _text(item, item.tag.removesuffix("item") + "link")
+    guid = item.find("guid")
+    if link is None and guid is not None and guid.get("isPermaLink", "true") == "true":
+        link = _text(item, "guid")
+    if link is None or (url := _absolute(base_url, link)) is None:
+        return None
+    dates = (f"{{{_ATOMS[0]}}}updated", f"{{{_DCTERMS}}}modified", "pubDate", f"{{{_DC}}}date",
+             f"{{{_DCTERMS}}}issued")
+    return url, _date(_text(item, *dates))
 
 
 def sitemap_wanted(site: SiteConfig, url: str, *, page: bool) -> bool:
