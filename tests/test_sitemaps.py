@@ -1,6 +1,8 @@
-"""Sitemaps: discovered from robots.txt and the site config, indexes followed,
-gzip handled, and ``<lastmod>`` a change observation. Parsing on the demo
-site's own sitemaps, then real ``scrapy crawl`` runs against it."""
+"""Sitemaps: discovered from robots.txt and the site config, indexes followed
+(so deep), gzip handled, feeds read as sitemaps, ``<lastmod>`` a change
+observation, and sitemaps read again while a crawl runs. Parsing on the demo
+site's own sitemaps and on feedparser's test feeds, then real ``scrapy
+crawl`` runs against served sites."""
 
 from __future__ import annotations
 
