@@ -474,6 +474,32 @@ def test_sitemap_lastmod_is_worth_a_fetch_only_above_its_price():
         assert s.sitemap_due(hourly, now - DAY, now) is answer
 
 
+def test_a_lastmod_without_its_hour_on_the_day_of_the_fetch_may_be_a_change_after_it():
+    """A sitemap dating a change "day 10" (midnight) for a page fetched at
+    06:00 that day: the change came after the fetch with odds 3/4 for a slow
+    page, more for a fast one (its last change falls late in the day), and
+    the share of the day read so far when the sitemap is read that day. A
+    precise date is after the fetch or not, and a day wholly before the
+    fetch is no change since."""
+    from vertical.policies.estimate import changed_after
+
+    day10, fetched = 10 * DAY, 10 * DAY + 6 * 3600
+    assert changed_after(day10, fetched, 12 * DAY) == pytest.approx(0.75)
+    assert 0.75 < changed_after(day10, fetched, 12 * DAY, rate=4 / DAY) < 1
+    assert changed_after(day10, fetched, 10.5 * DAY) == pytest.approx(0.5)  # read at noon that day
+    assert changed_after(day10, 11 * DAY + 60, 12 * DAY) == 0  # fetched the next day
+    assert changed_after(fetched + 1, fetched, 12 * DAY) == 1 and changed_after(fetched - 1, fetched, 12 * DAY) == 0
+    # The schedule weighs what a fetch buys by those odds.
+    page = rec(1, level=2)
+    page.visits, page.next_fetch = 3, 20 * DAY
+    page.extra[RATE_KEY] = 1 / (7 * DAY)  # a fetch at day 11 buys 7 (1 - e^(-9/7)) = 5.1 days
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=3 * DAY)
+    page.fetch_time = 10 * DAY + 3600  # at 01:00: 23/24 of the day after it
+    assert s.sitemap_due(page, day10, 11 * DAY)
+    page.fetch_time = 10 * DAY + 20 * 3600  # at 20:00: 1/6
+    assert not s.sitemap_due(page, day10, 11 * DAY)
+
+
 def test_optimal_set_budget_spends_the_budget():
     s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
     rng = random.Random(3)

@@ -123,6 +123,35 @@ def test_sitemap_lastmod_drives_the_due_set(tmp_path):
         assert "Warning" not in second.stderr
 
 
+def test_a_date_without_its_hour_on_the_day_of_the_fetch_brings_the_page(tmp_path):
+    """Sitemaps that date changes by the day (midnight). Run 1 fetches the
+    site at 06:00 of day D on the crawl's clock; the site moves a step, and
+    its sitemap dates the changed films "day D". As an instant that is
+    before their fetch, and they were never brought forward; the day
+    reaches past the fetch, so run 2, a day later, when nothing is due by
+    its schedule, fetches the changed films and the new ones, and no film
+    dated the day before."""
+    now = time.time()
+    day = (now // DAY + 1) * DAY  # a midnight, UTC: day D
+    offset = day + 6 * 3600 - now
+    demo = DemoSite(seed=0, sitemap=True, epoch=datetime.fromtimestamp(day - DAY, UTC))
+    with serve(demo) as server:
+        site = site_file(tmp_path, server.url, refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"})
+        store = tmp_path / "f.sqlite3"
+        crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": offset})
+        fetched = [r.fetch_time for r in records(store).values() if r.visits]
+        assert day < min(fetched) and max(fetched) < day + DAY
+        demo.set_step(1)
+        server.clear_log()
+        second = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": offset + DAY})
+        requested = film_requests(server)
+    plan = demo.plan()
+    moved = {f"/film/{plan[k]}" for k in ("director", "actor", "year")}
+    new = {f"/film/{i}" for i in demo.changes(1)["new"]}
+    assert sorted(requested) == sorted(moved | new)
+    assert second.stat("vertical/sitemap/lastmod_due") >= len(moved)
+
+
 @pytest.mark.parametrize("lastmod_due", ["always", "never"])
 def test_the_schedule_decides_which_moved_lastmods_are_due(tmp_path, lastmod_due):
     """With the optimal schedule the sitemap asks ``sitemap_due`` whether a

@@ -78,6 +78,7 @@ from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_e
 from vertical.frontier import Frontier, Lane, StoreUnavailable, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
+from vertical.policies.estimate import changed_after
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
@@ -571,7 +572,9 @@ class FrontierScheduler(BaseScheduler):
         """URLs a sitemap lists (canonical), each with its ``<lastmod>`` as a
         timestamp or None. New URLs are discovered at level 1 (announced, as
         a link from an entry page would be: the seen test and the trap guards
-        apply). A known page whose lastmod is after its last fetch has changed
+        apply). A known page whose lastmod is after its last fetch (or a
+        date without its hour on the day of that fetch: it may be, see
+        :func:`~vertical.policies.estimate.changed_after`) has changed
         since: it is due now, unless the schedule judges the fetch not worth
         its price before the page is due anyway (``sitemap_due``: a page that
         changes too fast to keep fresh, or whose lastmod moves without its
@@ -594,7 +597,7 @@ class FrontierScheduler(BaseScheduler):
 
         def moved_since_fetched() -> list[URLRecord]:  # on the store thread
             known = self.frontier.get_many(site, lastmods)
-            return [r for fp, r in known.items() if r.visits and r.fetch_time < lastmods[fp]]
+            return [r for fp, r in known.items() if r.visits and changed_after(lastmods[fp], r.fetch_time, now)]
 
         def worth(moved: list[URLRecord]) -> Deferred[int] | int:
             # The schedule's state lives on the reactor: decide here.

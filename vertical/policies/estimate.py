@@ -65,6 +65,7 @@ __all__ = [
     "COUNTS_KEY",
     "PROBE_BINS_KEY",
     "RateDistribution",
+    "changed_after",
     "cho_irregular",
     "cho_regular",
     "counts",
@@ -223,6 +224,26 @@ def granularity(modified: float) -> float:
         if modified % unit == 0:
             return unit
     return 0.0
+
+
+def changed_after(modified: float, fetched: float, now: float, rate: float = 0.0) -> float:
+    """The odds that the last change, dated ``modified`` by a sitemap's
+    lastmod (or a header) read at ``now``, came after ``fetched``: 1 for a
+    precise date after it, 0 for one before it. A coarse date (see
+    :func:`granularity`) says the change lies in its window: the odds are
+    the share of the window after ``fetched``, weighed as the last change of
+    a page changing at ``rate`` falls (the time back from the window's end
+    to it is exponential: late in the window for a fast page, evenly for a
+    slow one). A date without its hour on the day a page was fetched is a
+    change missed, or not: compared as an instant it would always be not."""
+    if modified > fetched:
+        return 1.0
+    end = min(modified + granularity(modified), now)
+    if end <= fetched:
+        return 0.0
+    if rate <= 0:
+        return (end - fetched) / (end - modified)
+    return math.expm1(-rate * (end - fetched)) / math.expm1(-rate * (end - modified))
 
 
 def observe_modified(extra: MutableMapping[str, Any], modified: float | None, now: float, previous: float,

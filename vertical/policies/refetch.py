@@ -27,6 +27,7 @@ from vertical.policies.base import FetchSchedule
 from vertical.policies.estimate import (
     MODIFIED_BAD_KEY,
     RateDistribution,
+    changed_after,
     cho_irregular,
     counts,
     history,
@@ -486,7 +487,10 @@ class OptimalSchedule(FetchSchedule):
         Fetched now, the page is fresh until its next change, which comes
         at the page's rate ``l``: over the ``D`` seconds until it was due
         anyway that is ``(1 - e^(-l D)) / l`` seconds of freshness gained,
-        worth a fetch when more than its price. A page changing too fast to
+        worth a fetch when more than its price, weighed by the odds that
+        the change came after the last fetch (1, unless ``modified`` is a
+        date without its hour on the day of that fetch:
+        :func:`~vertical.policies.estimate.changed_after`). A page changing too fast to
         be kept fresh (or whose lastmod moves without its content: see
         :func:`~vertical.policies.estimate.observe_modified`) is left to its
         schedule; with ``lastmod_due="always"`` every change is due now, with
@@ -500,7 +504,8 @@ class OptimalSchedule(FetchSchedule):
             return False  # due already
         rate = self.rate(record)
         gain = wait if rate <= 0 else -math.expm1(-rate * wait) / rate
-        return gain > self.price(record)
+        # A date without its hour on the day of the last fetch: maybe no change since.
+        return gain * changed_after(modified, record.fetch_time, now, rate) > self.price(record)
 
     def price(self, record: URLRecord) -> float:
         """The price of a fetch of ``record``: ``mu``, or its host's when the

@@ -29,6 +29,7 @@ import numpy as np
 
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.base import FetchSchedule, PriorityPolicy
+from vertical.policies.estimate import changed_after
 from vertical.policies.oracle import OracleSchedule, optimal_frequency, solve_mu, solve_mu_hosts
 from vertical.record import URLRecord
 from vertical.sim.scenario import Scenario
@@ -280,7 +281,7 @@ def simulate(
             if not rec.visits or not publishes[i]:
                 continue
             modified = published(i, now) * DAY
-            if modified <= rec.fetch_time or rec.next_fetch <= now_s:
+            if not changed_after(modified, rec.fetch_time, now_s) or rec.next_fetch <= now_s:
                 continue
             if sitemap_due is not None and not sitemap_due(rec, modified, now_s):
                 continue
