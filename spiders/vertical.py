@@ -40,7 +40,7 @@ from vertical.extract import Record, extract_records, follow_urls, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import read_sitemap, sitemap_body, sitemap_wanted
+from vertical.sitemaps import feed_links, read_sitemap, sitemap_body, sitemap_wanted
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -199,7 +199,8 @@ class VerticalSpider(Spider):
 
     def sitemaps_found(self, urls: Iterable[str]) -> None:
         """Sitemaps named elsewhere (robots.txt, read again every
-        ``VERTICAL_ROBOTS_TTL``): fetched now, unless read lately."""
+        ``VERTICAL_ROBOTS_TTL``; the feeds an entry page links, at each of
+        its fetches): fetched now, unless read lately."""
         engine = self.crawler.engine
         for url in urls:
             if sitemap_wanted(self.site, url, page=False):
@@ -332,6 +333,8 @@ class VerticalSpider(Spider):
         # back as fetched before its links were known, and a crawl killed then
         # would lose them.
         self.crawler.engine.scheduler.discover(links, record)  # type: ignore[union-attr]
+        if record.level == 0 and self.crawler.settings.getbool("VERTICAL_FEED_DISCOVERY"):
+            self.sitemaps_found(feed_links(response))
         if rule is None:
             # A hub or listing page: it "changes" when its links change, so that
             # pages announcing new documents are refetched more often.

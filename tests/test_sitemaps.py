@@ -320,3 +320,30 @@ def test_a_feed_named_as_a_sitemap_brings_its_items(tmp_path):
     assert result.returncode == 0
     assert {"/news/a", "/news/b"} <= set(server.log)
     assert result.stat("vertical/sitemap/feed") == 1 and result.stat("vertical/sitemap/urls") == 2
+
+
+def test_the_feeds_an_entry_page_announces_are_read(tmp_path):
+    """The home page links its feed in its head (RSS autodiscovery): the
+    feed is read as a sitemap and brings its items, which no link reaches.
+    A page further in announces a comments feed: not read (every page of a
+    blog has one)."""
+    def page(*heads: str, links: str = "") -> bytes:
+        return (f"<html><head>{''.join(heads)}</head><body>{links}</body></html>").encode()
+
+    feed = (b'<?xml version="1.0"?>\n<rss version="2.0"><channel>'
+            b"<item><link>/news/a</link></item><item><link>/news/b</link></item></channel></rss>")
+    comments = b'<?xml version="1.0"?>\n<rss version="2.0"><channel><item><link>/news/c</link></item></channel></rss>'
+    pages = {"/robots.txt": (200, b"User-agent: *\n"),
+             "/": (200, page('<link rel="Alternate" type="application/rss+xml" href="/feed/">',
+                             '<link rel="alternate" type="text/html" href="/other-language">',
+                             links='<a href="/about">about</a>')),
+             "/about": (200, page('<link rel="alternate" type="application/atom+xml" href="/about/comments/">')),
+             "/feed/": (200, feed), "/about/comments/": (200, comments),
+             "/news/a": (200, html()), "/news/b": (200, html()), "/news/c": (200, html())}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "blog", server.url)
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    assert result.returncode == 0
+    assert {"/feed/", "/news/a", "/news/b", "/about"} <= set(server.log)
+    assert not {"/about/comments/", "/news/c", "/other-language"} & set(server.log)
+    assert result.stat("vertical/sitemap/feed") == 1

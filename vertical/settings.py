@@ -113,6 +113,8 @@ VERTICAL_ROBOTS_POSTPONE = 3600
 # protocol nests none: an index lists sitemaps).
 VERTICAL_SITEMAP_TTL = 86400
 VERTICAL_SITEMAP_DEPTH = 2
+# The RSS and Atom feeds an entry page links in its head are read as sitemaps.
+VERTICAL_FEED_DISCOVERY = True
 CONCURRENT_REQUESTS = 16
 # Scrapy starts this many item tasks for every response, whatever it yields
 # (asyncio tasks that mostly wait for the end of the page's output): 100, the

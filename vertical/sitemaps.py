@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
-from scrapy.http import XmlResponse
+from scrapy.http import HtmlResponse, XmlResponse
 from scrapy.utils.gz import gunzip, gzip_magic_number
 from scrapy.utils.sitemap import Sitemap
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["SitemapEntry", "lastmod_time", "read_feed", "read_sitemap", "sitemap_body", "sitemap_wanted"]
+__all__ = ["SitemapEntry", "feed_links", "lastmod_time", "read_feed", "read_sitemap", "sitemap_body", "sitemap_wanted"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
@@ -176,6 +176,19 @@ def _rss_entry(item: etree._Element, base_url: str) -> SitemapEntry | None:
     dates = (f"{{{_ATOMS[0]}}}updated", f"{{{_DCTERMS}}}modified", "pubDate", f"{{{_DC}}}date",
              f"{{{_DCTERMS}}}issued")
     return url, _date(_text(item, *dates))
+
+
+#: ``<link rel="alternate">`` to a feed, in a page's head (RSS and Atom
+#: autodiscovery); ``rel`` holds space-separated tokens, in any case.
+_FEED_LINKS = ("//head/link[@href][contains(concat(' ', normalize-space(translate(@rel, 'ALTERNATE', 'alternate')),"
+               " ' '), ' alternate ')][@type='application/rss+xml' or @type='application/atom+xml']/@href")
+
+
+def feed_links(response: Response) -> list[str]:
+    """The feeds an HTML page announces (autodiscovery), as absolute URLs."""
+    if not isinstance(response, HtmlResponse):
+        return []
+    return [url for href in response.xpath(_FEED_LINKS).getall() if (url := _absolute(response.url, href))]
 
 
 def sitemap_wanted(site: SiteConfig, url: str, *, page: bool) -> bool:
