@@ -56,7 +56,7 @@ META_COMPOSITE = "vertical.composite"
 META_STAGE_URL = "vertical.stage_url"
 META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
 META_ERRBACK = "vertical.errback"  # a start request's own errback
-META_SITEMAP_DEPTH = "vertical.sitemap_depth"  # 0: named by the config or robots.txt
+META_SITEMAP_DEPTH = "vertical.sitemap_depth"  # 0: named by the config, robots.txt or an entry page
 
 
 @dataclass(slots=True, eq=False)
@@ -126,7 +126,7 @@ class VerticalSpider(Spider):
         self.site: SiteConfig
         self._referer: RefererMiddleware | None = None
         self._sitemaps: dict[str, float] = {}  # sitemap URL -> when last requested (monotonic)
-        self._sitemap_roots: set[str] = set()  # named by the config or robots.txt
+        self._sitemap_roots: set[str] = set()  # named by the config, robots.txt or an entry page
         self._sitemap_children: dict[str, list[str]] = {}  # index -> the sitemaps it listed last
         self._sitemap_validators: dict[str, dict[bytes, bytes]] = {}  # URL -> conditional headers
         self._sitemap_loop: task.LoopingCall | None = None
@@ -190,8 +190,8 @@ class VerticalSpider(Spider):
             self._sitemap_loop.stop()
 
     def _read_sitemaps_again(self) -> None:
-        """The sitemaps named by the config or robots.txt whose time has come;
-        an index read again brings its sitemaps along."""
+        """The sitemaps named by the config, robots.txt or an entry page whose
+        time has come; an index read again brings its sitemaps along."""
         now = time.monotonic()
         for url in sorted(self._sitemap_roots):
             if now - self._sitemaps.get(url, now) >= self._sitemap_ttl and (request := self._sitemap_request(url, 0)):
