@@ -8,10 +8,10 @@ as its SitemapSpider does; what the frontier makes of the entries is
 :meth:`vertical.scheduler.FrontierScheduler.sitemap_entries`.
 
 A syndication feed is a sitemap too, as the sitemaps.org protocol and the
-search engines take it (RSS 2.0, RSS 1.0, Atom 1.0): each item's link is a
-URL, its ``<updated>`` (Atom), or else its ``<pubDate>`` (RSS) or
-``<dc:date>``, its lastmod. A feed lists only the newest items, which is
-what makes it worth reading often.
+search engines take it (RSS 2.0, RSS 1.0, Atom 1.0 and 0.3): each item's
+link is a URL, the date it was last updated (or else published) its
+lastmod. A feed lists only the newest items, which is what makes it worth
+reading often; :func:`feed_links` finds those a page announces in its head.
 
 Pure functions, no I/O: the spider fetches, these read.
 """

@@ -234,8 +234,9 @@ def changed_after(modified: float, fetched: float, now: float, rate: float = 0.0
     the share of the window after ``fetched``, weighed as the last change of
     a page changing at ``rate`` falls (the time back from the window's end
     to it is exponential: late in the window for a fast page, evenly for a
-    slow one). A date without its hour on the day a page was fetched is a
-    change missed, or not: compared as an instant it would always be not."""
+    slow one). Compared as an instant, a date without its hour on the day of
+    the fetch would always say "no change since", and a change later that
+    day would never be seen."""
     if modified > fetched:
         return 1.0
     end = min(modified + granularity(modified), now)

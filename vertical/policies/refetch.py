@@ -489,9 +489,9 @@ class OptimalSchedule(FetchSchedule):
         anyway that is ``(1 - e^(-l D)) / l`` seconds of freshness gained,
         worth a fetch when more than its price, weighed by the odds that
         the change came after the last fetch (1, unless ``modified`` is a
-        date without its hour on the day of that fetch:
-        :func:`~vertical.policies.estimate.changed_after`). A page changing too fast to
-        be kept fresh (or whose lastmod moves without its content: see
+        date without its hour on the day of that fetch: see
+        :func:`~vertical.policies.estimate.changed_after`). A page changing
+        too fast to be kept fresh (or whose lastmod moves without its content: see
         :func:`~vertical.policies.estimate.observe_modified`) is left to its
         schedule; with ``lastmod_due="always"`` every change is due now, with
         ``"never"`` none."""
