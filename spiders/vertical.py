@@ -130,6 +130,9 @@ class VerticalSpider(Spider):
         self._sitemap_children: dict[str, list[str]] = {}  # index -> the sitemaps it listed last
         self._sitemap_validators: dict[str, dict[bytes, bytes]] = {}  # URL -> conditional headers
         self._sitemap_loop: task.LoopingCall | None = None
+        self.sitemap_ttl = 0.0  # VERTICAL_SITEMAP_TTL and friends, set in from_crawler
+        self.sitemap_depth = 0
+        self.feed_discovery = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
@@ -144,6 +147,9 @@ class VerticalSpider(Spider):
         spider.allowed_domains = list(spider.site.allowed_domains)
         apply_site_settings(spider.site, crawler.settings)
         crawler.signals.connect(spider._callback_failed, signal=signals.spider_error)
+        spider.sitemap_ttl = crawler.settings.getfloat("VERTICAL_SITEMAP_TTL")
+        spider.sitemap_depth = crawler.settings.getint("VERTICAL_SITEMAP_DEPTH")
+        spider.feed_discovery = crawler.settings.getbool("VERTICAL_FEED_DISCOVERY")
         crawler.signals.connect(spider._sitemaps_opened, signal=signals.spider_opened)
         crawler.signals.connect(spider._sitemaps_closed, signal=signals.spider_closed)
         return spider
@@ -175,15 +181,11 @@ class VerticalSpider(Spider):
     # an unchanged sitemap costs a 304. Sitemap fetches are not frontier
     # pages: served first, never stored, outside refetch.budget (as robots.txt).
 
-    @property
-    def _sitemap_ttl(self) -> float:
-        return self.crawler.settings.getfloat("VERTICAL_SITEMAP_TTL")
-
     def _sitemaps_opened(self) -> None:
-        if self._sitemap_ttl > 0:
+        if self.sitemap_ttl > 0:
             # Checked often enough to read each within a quarter TTL of its time.
             self._sitemap_loop = task.LoopingCall(self._read_sitemaps_again)
-            self._sitemap_loop.start(min(self._sitemap_ttl / 4, 60.0), now=False)
+            self._sitemap_loop.start(min(self.sitemap_ttl / 4, 60.0), now=False)
 
     def _sitemaps_closed(self) -> None:
         if self._sitemap_loop is not None and self._sitemap_loop.running:
@@ -194,7 +196,7 @@ class VerticalSpider(Spider):
         time has come; an index read again brings its sitemaps along."""
         now = time.monotonic()
         for url in sorted(self._sitemap_roots):
-            if now - self._sitemaps.get(url, now) >= self._sitemap_ttl and (request := self._sitemap_request(url, 0)):
+            if now - self._sitemaps.get(url, now) >= self.sitemap_ttl and (request := self._sitemap_request(url, 0)):
                 self.crawler.engine.crawl(request)  # type: ignore[union-attr]
 
     def sitemaps_found(self, urls: Iterable[str]) -> None:
@@ -214,7 +216,7 @@ class VerticalSpider(Spider):
         with a TTL of 0, at all this run."""
         last = self._sitemaps.get(url)
         now = time.monotonic()
-        if last is not None and (self._sitemap_ttl <= 0 or now - last < self._sitemap_ttl / 2):
+        if last is not None and (self.sitemap_ttl <= 0 or now - last < self.sitemap_ttl / 2):
             return None
         self._sitemaps[url] = now
         # Direct: served before frontier URLs, never stored; the entries are.
@@ -265,7 +267,7 @@ class VerticalSpider(Spider):
         """The sitemaps an index lists, down to ``VERTICAL_SITEMAP_DEPTH``:
         a chain of indexes made up on the fly is a trap like any other."""
         urls = list(urls)
-        if urls and depth > self.crawler.settings.getint("VERTICAL_SITEMAP_DEPTH"):
+        if urls and depth > self.sitemap_depth:
             self.crawler.stats.inc_value("vertical/sitemap/too_deep", len(urls))
             return
         for url in urls:
@@ -333,7 +335,7 @@ class VerticalSpider(Spider):
         # back as fetched before its links were known, and a crawl killed then
         # would lose them.
         self.crawler.engine.scheduler.discover(links, record)  # type: ignore[union-attr]
-        if record.level == 0 and self.crawler.settings.getbool("VERTICAL_FEED_DISCOVERY"):
+        if record.level == 0 and self.feed_discovery:
             self.sitemaps_found(feed_links(response))
         if rule is None:
             # A hub or listing page: it "changes" when its links change, so that

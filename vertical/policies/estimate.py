@@ -226,6 +226,11 @@ def granularity(modified: float) -> float:
     return 0.0
 
 
+def _window_end(modified: float, now: float) -> float:
+    """The latest a change dated ``modified`` can have come, as known at ``now``."""
+    return min(modified + granularity(modified), now)
+
+
 def changed_after(modified: float, fetched: float, now: float, rate: float = 0.0) -> float:
     """The odds that the last change, dated ``modified`` by a sitemap's
     lastmod (or a header) read at ``now``, came after ``fetched``: 1 for a
@@ -239,7 +244,7 @@ def changed_after(modified: float, fetched: float, now: float, rate: float = 0.0
     day would never be seen."""
     if modified > fetched:
         return 1.0
-    end = min(modified + granularity(modified), now)
+    end = _window_end(modified, now)
     if end <= fetched:
         return 0.0
     if rate <= 0:
@@ -291,7 +296,7 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
         if not first or rendered:
             return False
         obs[3] = 1
-        obs[6] = _count_change(obs, modified, modified + granularity(modified), now)
+        obs[6] = _count_change(obs, modified, _window_end(modified, now), now)
         return True
     if len(obs) < 7:  # stored by an older version: no coarse changes then
         obs.extend([0, 0.0, 0.0][len(obs) - 4:])
@@ -307,7 +312,7 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
         return False
     # The change lies in (lo, hi]: after the previous visit, and within the
     # header's window (an instant for a precise header).
-    lo, hi = max(modified, previous), min(modified + granularity(modified), now)
+    lo, hi = max(modified, previous), _window_end(modified, now)
     if changed and moved and not rendered and (modified > previous or hi > lo):
         _count_change(obs, lo, hi, now)
         obs[2] = modified
