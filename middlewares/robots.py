@@ -21,8 +21,8 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
   robots.txt is due again (``VERTICAL_ROBOTS_TTL``): then it is looked at
   anew, so a rule that was lifted lets it be fetched;
 - its ``Sitemap:`` lines (on a 200 answer) go to the spider's
-  ``sitemaps_found``, which fetches them (unless read within half a
-  ``VERTICAL_SITEMAP_TTL``).
+  ``sitemaps_found``, which fetches them (unless a process of the site read
+  them within half a ``VERTICAL_SITEMAP_TTL``).
 
 A request this middleware ignores with a frontier record is settled through
 the commit (``page_parked``) and ignored *without* the record in its meta,

@@ -17,7 +17,6 @@ feeds held them (the store's outbox), then the entry URLs.
 from __future__ import annotations
 
 import logging
-import time
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +27,9 @@ from scrapy import Request, Spider, signals
 from scrapy.exceptions import NotConfigured
 from scrapy.http import Response, TextResponse
 from scrapy.spidermiddlewares.referer import RefererMiddleware
+from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
+from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
 from middlewares.dns import prefetch
@@ -40,7 +41,7 @@ from vertical.extract import Record, extract_records, follow_urls, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import feed_links, read_sitemap, sitemap_body, sitemap_wanted
+from vertical.sitemaps import feed_links, granted, read_sitemap, sitemap_body, sitemap_wanted
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from vertical.config import DocumentRule, SecondStage, SiteConfig
+    from vertical.scheduler import FrontierScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,9 @@ META_COMPOSITE = "vertical.composite"
 META_STAGE_URL = "vertical.stage_url"
 META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
 META_ERRBACK = "vertical.errback"  # a start request's own errback
-META_SITEMAP_DEPTH = "vertical.sitemap_depth"  # 0: named by the config, robots.txt or an entry page
+# A sitemap reading: (depth: 0 when named by the config, robots.txt or an
+# entry page; when its lease began; the sitemaps it listed last, if an index).
+META_SITEMAP = "vertical.sitemap"
 
 
 @dataclass(slots=True, eq=False)
@@ -125,10 +129,8 @@ class VerticalSpider(Spider):
         self.seconds = float(seconds or 0)
         self.site: SiteConfig
         self._referer: RefererMiddleware | None = None
-        self._sitemaps: dict[str, float] = {}  # sitemap URL -> when last requested (monotonic)
+        self._sitemaps: dict[str, float] = {}  # sitemap URL -> when last asked for or read (the crawl clock)
         self._sitemap_roots: set[str] = set()  # named by the config, robots.txt or an entry page
-        self._sitemap_children: dict[str, list[str]] = {}  # index -> the sitemaps it listed last
-        self._sitemap_validators: dict[str, dict[bytes, bytes]] = {}  # URL -> conditional headers
         self._sitemap_loop: task.LoopingCall | None = None
         self.sitemap_ttl = 0.0  # VERTICAL_SITEMAP_TTL and friends, set in from_crawler
         self.sitemap_depth = 0
@@ -168,18 +170,24 @@ class VerticalSpider(Spider):
             yield Request(canonicalize(url, self.site.traps.strip_params),
                           meta={META_LEVEL: 0, META_SEED: True})
         self._sitemap_roots.update(self.site.sitemaps)
-        for url in self.site.sitemaps:
-            if request := self._sitemap_request(url, 0):
-                yield request
+        for request in await maybe_deferred_to_future(self._sitemap_reads(self.site.sitemaps, 0)):
+            yield request
 
     # -- sitemaps ---------------------------------------------------------------
     #
     # A sitemap is read at the start of a run and, while the run goes on,
     # again once VERTICAL_SITEMAP_TTL has passed: a continuous crawl would
-    # otherwise see each lastmod only as it was when it started. Reads after
-    # the first are conditional (the sitemap's own ETag and Last-Modified), so
-    # an unchanged sitemap costs a 304. Sitemap fetches are not frontier
-    # pages: served first, never stored, outside refetch.budget (as robots.txt).
+    # otherwise see each lastmod only as it was when it started. The site's
+    # processes and runs share their readings through the store
+    # (FrontierScheduler.lease_sitemaps): one reads a sitemap while the others
+    # leave it, and every reading after the first is conditional (the
+    # sitemap's own ETag and Last-Modified), so an unchanged sitemap costs a
+    # 304. Sitemap fetches are not frontier pages: served first, never
+    # stored, outside refetch.budget (as robots.txt).
+
+    @property
+    def _scheduler(self) -> FrontierScheduler:
+        return self.crawler.engine.scheduler  # type: ignore[union-attr,return-value]
 
     def _sitemaps_opened(self) -> None:
         if self.sitemap_ttl > 0:
@@ -194,48 +202,85 @@ class VerticalSpider(Spider):
     def _read_sitemaps_again(self) -> None:
         """The sitemaps named by the config, robots.txt or an entry page whose
         time has come; an index read again brings its sitemaps along."""
-        now = time.monotonic()
-        for url in sorted(self._sitemap_roots):
-            if now - self._sitemaps.get(url, now) >= self.sitemap_ttl and (request := self._sitemap_request(url, 0)):
-                self.crawler.engine.crawl(request)  # type: ignore[union-attr]
+        now = self._scheduler.now()
+        due = [url for url in sorted(self._sitemap_roots) if now - self._sitemaps.get(url, now) >= self.sitemap_ttl]
+        self._crawl_sitemaps(self._sitemap_reads(due, 0, self.sitemap_ttl))
 
     def sitemaps_found(self, urls: Iterable[str]) -> None:
         """Sitemaps named elsewhere (robots.txt, read again every
         ``VERTICAL_ROBOTS_TTL``; the feeds an entry page links, at each of
         its fetches): fetched now, unless read lately."""
-        engine = self.crawler.engine
-        for url in urls:
-            if sitemap_wanted(self.site, url, page=False):
-                self._sitemap_roots.add(url)
-                if request := self._sitemap_request(url, 0):
-                    engine.crawl(request)  # type: ignore[union-attr]
+        wanted = [url for url in urls if sitemap_wanted(self.site, url, page=False)]
+        self._sitemap_roots.update(wanted)
+        self._crawl_sitemaps(self._sitemap_reads(wanted, 0))
 
-    def _sitemap_request(self, url: str, depth: int) -> Request | None:
-        """The request that reads sitemap ``url``, or None when it was read
-        within half a TTL (a robots.txt read again, an index listing it) or,
-        with a TTL of 0, at all this run."""
-        last = self._sitemaps.get(url)
-        now = time.monotonic()
-        if last is not None and (self.sitemap_ttl <= 0 or now - last < self.sitemap_ttl / 2):
-            return None
-        self._sitemaps[url] = now
-        # Direct: served before frontier URLs, never stored; the entries are.
-        return Request(url, callback=self.parse_sitemap, errback=self._sitemap_failed,
-                       headers=self._sitemap_validators.get(url), meta={META_DIRECT: True, META_SITEMAP_DEPTH: depth},
-                       dont_filter=True)
+    def _sitemap_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None) -> Deferred[list[Request]]:
+        """The requests that read those of sitemaps ``urls`` whose time has
+        come: read by no process of the site within ``min_age`` seconds (by
+        default half a TTL, whatever asks: a robots.txt read again, an index
+        listing it; with a TTL of 0 this process reads each once a run) and
+        not being read by another; and of an index read lately, those of its
+        sitemaps whose time has come."""
+        scheduler = self._scheduler
+        now = scheduler.now()
+        ttl = self.sitemap_ttl
+        min_age = max(0.0, ttl / 2 if min_age is None else min_age)
+        asked = []
+        for url in dict.fromkeys(urls):
+            last = self._sitemaps.get(url)
+            if last is not None and (ttl <= 0 or now - last < min_age):
+                continue
+            self._sitemaps[url] = now
+            asked.append(url)
+        if not asked:
+            return succeed([])
 
-    def parse_sitemap(self, response: Response) -> Iterator[Any]:
-        """A sitemap index: its sitemaps are fetched. A sitemap: its pages go
-        to the frontier with their lastmod (see
+        def leased(readings: dict[str, dict[str, Any]]) -> list[Request] | Deferred[list[Request]]:
+            requests, listed = [], []
+            for url, reading in readings.items():
+                began = granted(reading, scheduler.owner)
+                if began is None:
+                    # Read lately, or being read, by another process or run:
+                    # not asked for again before its time. An index's
+                    # sitemaps may not have been (its process killed since).
+                    self.crawler.stats.inc_value("vertical/sitemap/read_lately")
+                    if isinstance(read := reading.get("read"), (int, float)) and read < now:
+                        self._sitemaps[url] = read
+                    listed.extend(reading.get("children", ()))
+                    continue
+                # Direct: served before frontier URLs, never stored; the entries are.
+                requests.append(Request(url, callback=self.parse_sitemap, errback=self._sitemap_failed,
+                                        headers=reading.get("validators"), dont_filter=True,
+                                        meta={META_DIRECT: True,
+                                              META_SITEMAP: (depth, began, reading.get("children", []))}))
+            if not listed:
+                return requests
+            return self._index_reads(listed, depth + 1).addCallback(lambda more: requests + more)
+
+        return scheduler.lease_sitemaps(asked, min_age).addCallback(leased)
+
+    def _crawl_sitemaps(self, reads: Deferred[list[Request]]) -> None:
+        def crawl(requests: list[Request]) -> None:
+            engine = self.crawler.engine
+            if engine is not None and engine.spider is not None:
+                for request in requests:
+                    engine.crawl(request)
+        reads.addCallback(crawl)
+
+    def parse_sitemap(self, response: Response) -> None:
+        """A sitemap index: its sitemaps are read. A sitemap: its pages go to
+        the frontier with their lastmod (see
         :meth:`~vertical.scheduler.FrontierScheduler.sitemap_entries`). A 304:
         nothing changed since it was last read (an index's sitemaps are read
         all the same: they change without it)."""
         stats = self.crawler.stats
-        depth = response.meta.get(META_SITEMAP_DEPTH, 0)
+        scheduler = self._scheduler
+        depth, began, children = response.meta[META_SITEMAP]
         url = response.meta.get("redirect_urls", [response.url])[0]  # as requested (and known)
         if response.status == 304:
             stats.inc_value("vertical/sitemap/not_modified")
-            yield from self._sitemap_requests(self._sitemap_children.get(url, ()), depth + 1)
+            scheduler.sitemap_read(url, began)
+            self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
         body = sitemap_body(response, self.crawler.settings.getint("DOWNLOAD_MAXSIZE")) \
             if response.status == 200 else None
@@ -243,15 +288,16 @@ class VerticalSpider(Spider):
         if not kind:
             logger.warning("Not a sitemap (HTTP %d): %s", response.status, response.url)
             stats.inc_value("vertical/sitemap/unreadable")
+            scheduler.sitemap_read(url, began)
             return
         stats.inc_value(f"vertical/sitemap/{kind}")
-        validators = {h: v for h, v in ((b"If-None-Match", response.headers.get(b"ETag")),
-                                        (b"If-Modified-Since", response.headers.get(b"Last-Modified"))) if v}
-        self._sitemap_validators[url] = validators
+        validators = {name: value.decode("latin-1") for name, value in (
+            ("If-None-Match", response.headers.get(b"ETag")),
+            ("If-Modified-Since", response.headers.get(b"Last-Modified"))) if value}
         if kind == "sitemapindex":
             children = [child for child, _ in entries if sitemap_wanted(self.site, child, page=False)]
-            self._sitemap_children[url] = children
-            yield from self._sitemap_requests(children, depth + 1)
+            scheduler.sitemap_read(url, began, validators, children)
+            self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
         strip = self.site.traps.strip_params
         pages = []
@@ -261,22 +307,23 @@ class VerticalSpider(Spider):
                     pages.append((canonicalize(page, strip), lastmod))
                 except ValueError:
                     continue
-        self.crawler.engine.scheduler.sitemap_entries(pages)  # type: ignore[union-attr]
+        scheduler.sitemap_read(url, began, validators, after=scheduler.sitemap_entries(pages))
 
-    def _sitemap_requests(self, urls: Iterable[str], depth: int) -> Iterator[Request]:
+    def _index_reads(self, urls: Iterable[str], depth: int) -> Deferred[list[Request]]:
         """The sitemaps an index lists, down to ``VERTICAL_SITEMAP_DEPTH``:
         a chain of indexes made up on the fly is a trap like any other."""
         urls = list(urls)
         if urls and depth > self.sitemap_depth:
             self.crawler.stats.inc_value("vertical/sitemap/too_deep", len(urls))
-            return
-        for url in urls:
-            if request := self._sitemap_request(url, depth):
-                yield request
+            return succeed([])
+        return self._sitemap_reads(urls, depth)
 
     def _sitemap_failed(self, failure: Failure) -> None:
-        logger.warning("Sitemap not fetched: %s (%s)", failure.request.url, failure.getErrorMessage())  # type: ignore[attr-defined]
+        request = failure.request  # type: ignore[attr-defined]
+        logger.warning("Sitemap not fetched: %s (%s)", request.url, failure.getErrorMessage())
         self.crawler.stats.inc_value("vertical/sitemap/failed")
+        # Not asked for again before its time either (a lasting 404 is no reason to).
+        self._scheduler.sitemap_read(request.meta.get("redirect_urls", [request.url])[0], request.meta[META_SITEMAP][1])
 
     def request_for(self, record: URLRecord, template: Request | None = None) -> Request:
         """The request that fetches a frontier record (called by the scheduler).

@@ -11,6 +11,7 @@ import calendar
 import gzip
 import re
 import signal
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,11 +21,11 @@ from scrapy.http import Response, XmlResponse
 
 from tests.crawling import crawl, serving, site_file, small_site, start_crawl, wait_for
 from tests.test_incremental import records
-from tests.test_robots import SmallSite, html
+from tests.test_robots import SmallSite, _Handler, html
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite, step_date
-from vertical.sitemaps import lastmod_time, read_sitemap, sitemap_body
+from vertical.sitemaps import granted, lastmod_time, read_sitemap, reading_done, sitemap_body, take_reading
 
 DAY = 86400.0
 BASE = "http://127.0.0.1:8000"
@@ -67,6 +68,12 @@ def test_lastmod_formats_and_bodies_that_are_no_sitemap():
     assert sitemap_body(Response(BASE + "/page", body=b"<html></html>")) is None
     assert sitemap_body(Response(BASE + "/s.gz", body=gzip.compress(b"x" * 1000)), max_size=100) is None
     assert read_sitemap(b"<html><body>no</body></html>", BASE) == ("", [])
+    # Some sites date their urlsets as RSS does (RFC 822); a date that is neither is none.
+    urlset = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc>'
+              b"<lastmod>Tue, 02 Jan 2024 09:00:00 GMT</lastmod></url><url><loc>/b</loc><lastmod>soon</lastmod></url>"
+              b"</urlset>")
+    assert read_sitemap(urlset, BASE) == ("urlset", [(BASE + "/a", datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp()),
+                                                     (BASE + "/b", None)])
 
 
 def test_sitemaps_key():
@@ -206,7 +213,8 @@ def test_sitemap_from_the_config_brings_pages_no_link_reaches(tmp_path):
 def test_a_continuous_crawl_reads_its_sitemaps_again(tmp_path, frontier_uri):
     """Two continuous processes of one crawl read its sitemaps (those of
     robots.txt: a process reads them once it has fetched from the host)
-    again every ``VERTICAL_SITEMAP_TTL`` (2 s here), conditionally. While the
+    again every ``VERTICAL_SITEMAP_TTL`` (2 s here), between them, and
+    conditionally (with what run 1 got, from the store). While the
     site stands still they answer 304 and no film is fetched (none is due by
     its schedule: initial 2 days, the crawl's clock a day on). When it moves
     a step, the next readings find the lastmods moved: the changed films and
@@ -231,8 +239,8 @@ def test_a_continuous_crawl_reads_its_sitemaps_again(tmp_path, frontier_uri):
             wait_for(lambda: films_read(304), timeout=120)
             assert film_requests(server) == []
             index = [r["status"] for r in server.requests if r["path"] == "/sitemap.xml"]
-            # A first reading in each process, then only conditional ones.
-            assert index.count(200) <= 2 and 304 in index
+            # Every reading conditional, the first too: run 1's validators are in the store.
+            assert 304 in index and 200 not in index
             demo.set_step(1)
             wait_for(lambda: set(film_requests(server)) >= moved | new, timeout=120)
             after = films_read()
@@ -264,6 +272,107 @@ def test_a_chain_of_sitemap_indexes_is_followed_only_so_deep(tmp_path):
     assert [p for p in server.log if p.startswith("/sm/")] == ["/sm/0.xml", "/sm/1.xml", "/sm/2.xml"]
     assert result.stat("vertical/sitemap/sitemapindex") == 3
     assert result.stat("vertical/sitemap/too_deep") == 1
+
+
+def test_the_reading_of_a_sitemap_is_leased_to_one_process_at_a_time():
+    """The rules of the reading records the site's processes share: one
+    reads while the others leave it, until its reading is done, its lease
+    runs out or its process is found dead; a reading done leaves what the
+    next one asks a conditional read with."""
+    validators, children = {"If-None-Match": '"x"'}, ["http://s.example/1.xml"]
+    a = take_reading(None, "a", 100.0, min_age=50, lease=600)
+    assert granted(a, "a") == 100.0
+    assert granted(take_reading(a, "b", 110.0, 50, 600, live={"a", "b"}), "b") is None  # a reads it
+    assert granted(take_reading(a, "b", 110.0, 50, 600, live={"b"}), "b") == 110.0  # a's process died
+    assert granted(take_reading(a, "b", 701.0, 50, 600), "b") == 701.0  # a's lease ran out
+    done = reading_done(a, "a", 100.0, validators, children)
+    assert done == {"read": 100.0, "validators": validators, "children": children}
+    assert granted(take_reading(done, "b", 140.0, 50, 600), "b") is None  # read 40 s ago
+    again = take_reading(done, "b", 150.0, 50, 600)
+    assert granted(again, "b") == 150.0 and again["validators"] == validators and again["children"] == children
+    # A reading that ends late neither sets the clock back nor ends another's lease.
+    late = reading_done(again, "a", 90.0)
+    assert late["read"] == 100.0 and granted(late, "b") == 150.0
+    # A failed reading (no 200) keeps the validators of the last good one.
+    assert reading_done(again, "b", 150.0)["validators"] == validators
+
+
+def test_runs_and_processes_share_their_sitemap_readings(tmp_path, frontier_uri):
+    """Run 1 reads the sitemaps the config names (an index and its two
+    sitemaps). Run 2, straight after, reads none: another run read them less
+    than half a ``VERTICAL_SITEMAP_TTL`` (a day) ago, and what they said is
+    in the store. Run 3, a day later on the crawl's clock, reads them again,
+    conditionally with the validators run 1 got: the site has not moved, so
+    every reading is a 304."""
+    demo = DemoSite(seed=0, sitemap=True, etags=True)
+    sitemaps = {"/sitemap.xml", "/sitemap-films.xml.gz", "/sitemap-years.xml"}
+    with serve(demo) as server:
+        site = site_file(tmp_path, server.url, sitemaps=[server.url.rstrip("/") + "/sitemap.xml"])
+
+        def readings() -> list[tuple[str, int]]:
+            return sorted((r["path"], r["status"]) for r in server.clear_log() if r["path"] in sitemaps)
+
+        crawl(site, frontier_uri, tmp_path, tag="1")
+        assert readings() == sorted((path, 200) for path in sitemaps)
+        second = crawl(site, frontier_uri, tmp_path, tag="2")
+        assert readings() == []
+        assert second.stat("vertical/sitemap/read_lately") == 3  # the index, then the sitemaps it lists
+        third = crawl(site, frontier_uri, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": DAY})
+        assert readings() == sorted((path, 304) for path in sitemaps)
+        assert third.stat("vertical/sitemap/not_modified") == 3
+
+
+class _Stalling(_Handler):
+    """Holds the answer to the paths in ``server.stalled`` until
+    ``server.released`` is set: a sitemap that takes its time."""
+
+    def do_GET(self) -> None:
+        server = self.server
+        if self.path in server.stalled and not server.released.is_set():  # type: ignore[attr-defined]
+            server.log.append(self.path)  # type: ignore[attr-defined]
+            server.released.wait(120)  # type: ignore[attr-defined]
+            return  # the crawl that asked is gone: no answer
+        super().do_GET()
+
+
+def test_a_sitemap_reading_killed_midway_is_made_by_the_next_run(tmp_path):
+    """The config names an index of two sitemaps. Run 1 reads the index and
+    the second sitemap, leases the reading of the first and is SIGKILLed
+    while that sitemap is on its way. The reading it held dies with it: once
+    its heartbeat has run out, run 2 reads that sitemap (not ten minutes
+    later, when the lease would have run out), though the index that lists
+    it was read lately, and crawls the pages only that sitemap lists."""
+    def urlset(*paths: str) -> bytes:
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                + "".join(f"<url><loc>{p}</loc></url>" for p in paths) + "</urlset>").encode()
+
+    index = ('<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+             "<sitemap><loc>/sm1.xml</loc></sitemap><sitemap><loc>/sm2.xml</loc></sitemap></sitemapindex>")
+    stalled, other = [f"/p{i}" for i in range(3)], ["/q0", "/q1"]
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/index.xml": (200, index.encode()),
+             "/sm1.xml": (200, urlset(*stalled)), "/sm2.xml": (200, urlset(*other)),
+             **{p: (200, html()) for p in stalled + other}}
+    server = SmallSite(pages)
+    server.RequestHandlerClass = _Stalling
+    server.stalled, server.released = {"/sm1.xml"}, threading.Event()  # type: ignore[attr-defined]
+    store = tmp_path / "f.sqlite3"
+    heartbeat = {"VERTICAL_HEARTBEAT": 1}
+    with serving(server):
+        site = small_site(tmp_path, "killed", server.url, sitemaps=[f"{server.url}/index.xml"])
+        first = start_crawl(site, store, tmp_path / "1", settings=heartbeat)
+        try:
+            wait_for(lambda: "/sm1.xml" in server.log, timeout=120)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=60)
+        server.released.set()  # type: ignore[attr-defined]
+        time.sleep(4)  # three heartbeats of 1 s missed: run 1 is dead to the store
+        second = crawl(site, store, tmp_path / "2", settings=heartbeat)
+    assert second.returncode == 0
+    assert server.log.count("/index.xml") == 1
+    assert server.log.count("/sm1.xml") == 2
+    assert server.log.count("/sm2.xml") <= 2  # again only if run 1 died before its pages were stored
+    assert set(stalled + other) <= set(server.log)
 
 
 def _expected(path: Path) -> tuple[str, object]:

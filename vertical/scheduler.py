@@ -61,7 +61,7 @@ import socket
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +81,7 @@ from vertical.policies import make_priority, make_schedule
 from vertical.policies.estimate import changed_after
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
+from vertical.sitemaps import reading_done, reading_key, take_reading
 from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
 from vertical.urls import canonicalize, fingerprint, host_of
 
@@ -189,6 +190,7 @@ class FrontierScheduler(BaseScheduler):
         # Store jobs: at most one of each kind in flight.
         self._links = OneAtATime(self._store_links, partial(self.store_failed, "links"))
         self._refilling = False
+        self._sitemap_calls = 0  # sitemap readings' store calls under way: the crawl is not idle
         self._early = False  # the next claim looks refetch.ahead into the future
         self._checking_due = False
         self._beating = False
@@ -523,7 +525,8 @@ class FrontierScheduler(BaseScheduler):
             return True
         if self.budget_exhausted:
             return False  # what is still queued is released on close
-        if self._discovered or self._links.busy or self._refilling or any(self._queues.values()):
+        if self._discovered or self._links.busy or self._refilling or self._sitemap_calls \
+                or any(self._queues.values()):
             return True
         if self.continuous:
             return True
@@ -618,6 +621,57 @@ class FrontierScheduler(BaseScheduler):
             return count
         d = self._call(moved_since_fetched).addCallback(worth)
         return d.addErrback(partial(self.store_failed, "sitemap"))
+
+    def lease_sitemaps(self, urls: Sequence[str], min_age: float) -> Deferred[dict[str, dict[str, Any]]]:
+        """Ask to read sitemaps ``urls`` now. Fires with each one's reading
+        record (:mod:`vertical.sitemaps`), shared by the site's processes and
+        runs: those leased to this process
+        (:func:`~vertical.sitemaps.granted`) are its to read, with the
+        validators and children of their last reading; the others were read
+        less than ``min_age`` seconds ago, or another live process is reading
+        them. A lease lasts ``VERTICAL_LEASE``, as a claim does, and ends with
+        its process: a reading whose process died is taken up by the next to
+        ask once that heartbeat has run out. Fires with ``{}`` when the store
+        failed."""
+        now, site, owner, lease = self.now(), self.site.name, self.owner, self.lease
+
+        def take() -> dict[str, dict[str, Any]]:  # on the store thread
+            live = {o.owner for o in self.frontier.owners(site) if o.alive}
+            rule = partial(take_reading, owner=owner, now=now, min_age=min_age, lease=lease, live=live)
+            return {url: self.frontier.update_meta(site, reading_key(url), rule) for url in urls}
+
+        self._sitemap_calls += 1
+        return self._sitemap_settled(self._call(take), "sitemap lease", {})
+
+    def sitemap_read(self, url: str, began: float, validators: Mapping[str, str] | None = None,
+                     children: Sequence[str] | None = None, after: Deferred[Any] | None = None) -> Deferred[Any]:
+        """This process's reading of sitemap ``url``, begun at ``began`` (the
+        time its lease was taken), is over once ``after`` (its
+        :meth:`sitemap_entries`) has fired and the pages it discovered are
+        stored: then its record says so, with the ``validators`` and
+        ``children`` of a 200 (see :func:`~vertical.sitemaps.reading_done`).
+        A crawl killed before then leaves the reading to be made again."""
+        site, key = self.site.name, reading_key(url)
+        rule = partial(reading_done, owner=self.owner, began=began, validators=validators, children=children)
+        self._sitemap_calls += 1
+        d = after if after is not None else succeed(None)
+        d.addBoth(lambda _: self.flush_discovered())
+        d.addCallback(lambda _: self._call(self.frontier.update_meta, site, key, rule))
+        return self._sitemap_settled(d, "sitemap read", None)
+
+    def _sitemap_settled(self, d: Deferred[Any], what: str, failed: Any) -> Deferred[Any]:
+        """``d``, a sitemap reading's store call counted in ``_sitemap_calls``,
+        uncounted when it settles (``failed`` when the store failed)."""
+        def gone(failure: Failure) -> Any:
+            self.store_failed(what, failure)
+            return failed
+
+        def settled(result: Any) -> Any:
+            self._sitemap_calls -= 1
+            self._wake_engine()  # an idle engine asks again only on its 5-s heartbeat
+            return result
+
+        return d.addErrback(gone).addBoth(settled)
 
     def _discover(self, url: str, level: int, parent: URLRecord | None, seed: bool) -> None:
         fp = fingerprint(url)

@@ -108,9 +108,11 @@ ROBOTSTXT_OBEY = True
 VERTICAL_ROBOTS_TTL = 86400
 VERTICAL_ROBOTS_POSTPONE = 3600
 # A sitemap is read again (conditionally) this many seconds after it was last
-# read, while a crawl runs (0: once a run); an index nested deeper than
-# VERTICAL_SITEMAP_DEPTH below the sitemap named is not followed (the
-# protocol nests none: an index lists sitemaps).
+# read by any process of the site, while a crawl runs; a run reads at its
+# start those not read within half of it (0: once a run, as a SitemapSpider
+# does); an index nested deeper than VERTICAL_SITEMAP_DEPTH below the
+# sitemap named is not followed (the protocol nests none: an index lists
+# sitemaps).
 VERTICAL_SITEMAP_TTL = 86400
 VERTICAL_SITEMAP_DEPTH = 2
 # The RSS and Atom feeds an entry page links in its head are read as sitemaps.

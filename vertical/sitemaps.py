@@ -13,13 +13,19 @@ link is a URL, the date it was last updated (or else published) its
 lastmod. A feed lists only the newest items, which is what makes it worth
 reading often; :func:`feed_links` finds those a page announces in its head.
 
+A site's processes and runs share their readings of each sitemap through
+the store (site meta :func:`reading_key`): who reads it now (a lease), when
+it was last read, and what to ask a conditional read with. :func:`take_reading`
+and :func:`reading_done` are the rules.
+
 Pure functions, no I/O: the spider fetches, these read.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
@@ -36,7 +42,8 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["SitemapEntry", "feed_links", "lastmod_time", "read_feed", "read_sitemap", "sitemap_body", "sitemap_wanted"]
+__all__ = ["SitemapEntry", "feed_links", "granted", "lastmod_time", "read_feed", "read_sitemap", "reading_done",
+           "reading_key", "sitemap_body", "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
@@ -95,7 +102,8 @@ def read_sitemap(body: bytes, base_url: str) -> tuple[str, list[SitemapEntry]]:
         return "feed", read_feed(body, base_url)
     if sitemap.type not in ("urlset", "sitemapindex"):
         return "", []
-    entries = [(url, lastmod_time(e.get("lastmod")))
+    # lastmod is a W3C datetime; some sites write RFC 822's, as in feeds.
+    entries = [(url, _date(e.get("lastmod")))
                for e in sitemap if e.get("loc") and (url := _absolute(base_url, e["loc"]))]
     return sitemap.type, entries
 
@@ -147,7 +155,8 @@ def _text(item: etree._Element, *tags: str) -> str | None:
 
 
 def _date(value: str | None) -> float | None:
-    """A feed's date: W3C (Atom, Dublin Core) or RFC 822 (RSS)."""
+    """A date of a feed or sitemap: W3C (Atom, Dublin Core, sitemaps) or
+    RFC 822 (RSS)."""
     if value is None:
         return None
     w3c = lastmod_time(value)
@@ -198,3 +207,62 @@ def sitemap_wanted(site: SiteConfig, url: str, *, page: bool) -> bool:
     if parts.scheme not in ("http", "https") or not host_allowed(parts.hostname or "", site.allowed_domains):
         return False
     return link_followed(site, url) if page else True
+
+
+# -- readings shared by the site's processes and runs ------------------------------
+#
+# A reading record (JSON, in the site's meta): {"read": when the last reading
+# began, "lease": [owner, until, since] while one is under way, "validators":
+# the conditional headers of its last 200, "children": an index's sitemaps as
+# of then}. Times are the crawl clock's (the scheduler's ``now``).
+
+
+def reading_key(url: str) -> str:
+    """The site meta key of sitemap ``url``'s reading record."""
+    return f"sitemap {url}"
+
+
+def take_reading(stored: Any, owner: str, now: float, min_age: float, lease: float,
+                 live: Collection[str] | None = None) -> dict[str, Any]:
+    """The reading record after ``owner`` asks at ``now`` to read the sitemap:
+    leased to it for ``lease`` seconds (see :func:`granted`) unless it was
+    read less than ``min_age`` seconds ago or another owner's lease runs. A
+    lease whose owner is not among the ``live`` processes (when known: those
+    whose heartbeat runs) is void: its reading died with its process. For
+    the store's ``update_meta``."""
+    record = dict(stored) if isinstance(stored, dict) else {}
+    read = record.get("read")
+    if isinstance(read, (int, float)) and now - read < min_age:
+        return record
+    held = record.get("lease")
+    if isinstance(held, list) and len(held) == 3 and held[0] != owner and held[1] > now \
+            and (live is None or held[0] in live):
+        return record
+    record["lease"] = [owner, now + lease, now]
+    return record
+
+
+def granted(record: Mapping[str, Any], owner: str) -> float | None:
+    """When the lease :func:`take_reading` gave ``owner`` began (the time its
+    reading begins), None when the reading is not its."""
+    held = record.get("lease")
+    return held[2] if isinstance(held, list) and len(held) == 3 and held[0] == owner else None
+
+
+def reading_done(stored: Any, owner: str, began: float, validators: Mapping[str, str] | None = None,
+                 children: Sequence[str] | None = None) -> dict[str, Any]:
+    """The reading record once ``owner``'s reading begun at ``began`` is over
+    (its entries stored, or it failed: a sitemap that fails is not asked for
+    again before its time either): its lease ends, and a 200 leaves its
+    ``validators`` and, for an index, its ``children``. For ``update_meta``."""
+    record = dict(stored) if isinstance(stored, dict) else {}
+    read = record.get("read")
+    record["read"] = max(began, read) if isinstance(read, (int, float)) else began
+    held = record.get("lease")
+    if isinstance(held, list) and held[:1] == [owner]:
+        del record["lease"]
+    if validators is not None:
+        record["validators"] = dict(validators)
+    if children is not None:
+        record["children"] = list(children)
+    return record
