@@ -255,7 +255,7 @@ class VerticalSpider(Spider):
                                               META_SITEMAP: (depth, began, reading.get("children", []))}))
             if not listed:
                 return requests
-            return self._index_reads(listed, depth + 1).addCallback(lambda more: requests + more)
+            return self._index_reads(listed, depth + 1, min_age).addCallback(lambda more: requests + more)
 
         return scheduler.lease_sitemaps(asked, min_age).addCallback(leased)
 
@@ -309,14 +309,14 @@ class VerticalSpider(Spider):
                     continue
         scheduler.sitemap_read(url, began, validators, after=scheduler.sitemap_entries(pages))
 
-    def _index_reads(self, urls: Iterable[str], depth: int) -> Deferred[list[Request]]:
+    def _index_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None) -> Deferred[list[Request]]:
         """The sitemaps an index lists, down to ``VERTICAL_SITEMAP_DEPTH``:
         a chain of indexes made up on the fly is a trap like any other."""
         urls = list(urls)
         if urls and depth > self.sitemap_depth:
             self.crawler.stats.inc_value("vertical/sitemap/too_deep", len(urls))
             return succeed([])
-        return self._sitemap_reads(urls, depth)
+        return self._sitemap_reads(urls, depth, min_age)
 
     def _sitemap_failed(self, failure: Failure) -> None:
         request = failure.request  # type: ignore[attr-defined]
