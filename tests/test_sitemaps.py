@@ -9,8 +9,11 @@ from __future__ import annotations
 import ast
 import calendar
 import gzip
+import json
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -19,7 +22,7 @@ from pathlib import Path
 import pytest
 from scrapy.http import Response, XmlResponse
 
-from tests.crawling import crawl, serving, site_file, small_site, start_crawl, wait_for
+from tests.crawling import REPO, crawl, serving, site_file, small_site, start_crawl, wait_for
 from tests.test_incremental import records
 from tests.test_robots import SmallSite, _Handler, html
 from vertical.config import ConfigError, parse_site
@@ -165,7 +168,7 @@ def test_the_schedule_decides_which_moved_lastmods_are_due(tmp_path, lastmod_due
     moved page is worth a fetch now: ``always`` brings every moved film
     forward, ``never`` none (new films come in either way). No page is due
     by its schedule a day later (min 3 days): the config names the sitemap,
-    read at every run."""
+    read again by run 2, a day after run 1."""
     start = time.time()
     demo = DemoSite(seed=0, sitemap=True, epoch=datetime.fromtimestamp(start - DAY / 2, UTC))
     with serve(demo) as server:
@@ -314,6 +317,11 @@ def test_runs_and_processes_share_their_sitemap_readings(tmp_path, frontier_uri)
 
         crawl(site, frontier_uri, tmp_path, tag="1")
         assert readings() == sorted((path, 200) for path in sitemaps)
+        status = subprocess.run([sys.executable, "-m", "scrapy", "vertical-status", "demo", "--json", "--store",
+                                 frontier_uri], cwd=REPO, capture_output=True, text=True, timeout=120)
+        shown = json.loads(status.stdout)["sites"]["demo"]["sitemaps"]
+        assert shown["count"] == 3 and shown["never"] == 0 and shown["reading"] == 0
+        assert time.time() - 300 < shown["oldest"] <= shown["newest"] <= time.time()
         second = crawl(site, frontier_uri, tmp_path, tag="2")
         assert readings() == []
         assert second.stat("vertical/sitemap/read_lately") == 3  # the index, then the sitemaps it lists

@@ -13,7 +13,8 @@ import pytest
 from vertical.frontier import open_frontier
 from vertical.policies.estimate import COUNTS_KEY
 from vertical.record import FETCHED, GONE, NEW, TRAP, URLRecord
-from vertical.status import format_duration, render, summarize
+from vertical.sitemaps import readings
+from vertical.status import format_duration, render, sitemap_summary, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = 1.75e9
@@ -100,6 +101,22 @@ def test_table_names_hosts_traps_and_lease_holders():
 def test_format_duration():
     assert [format_duration(s) for s in (None, 5, 150, 3 * HOUR, 1.5 * DAY, 45 * DAY)] == \
         ["-", "5s", "2.5m", "3h", "36h", "45d"]
+
+
+def test_the_sitemaps_a_sites_crawls_read():
+    """From the site's meta: sitemaps read, one of them being read again
+    now, one asked for and never read to the end (its process killed)."""
+    meta = {"budget": {"per_day": 10},
+            "sitemap http://a.example/index.xml": {"read": NOW - 5 * HOUR, "children": ["http://a.example/1.xml"]},
+            "sitemap http://a.example/1.xml": {"read": NOW - 2 * HOUR, "lease": ["box:1:aa", NOW + 500, NOW - 100]},
+            "sitemap http://a.example/2.xml": {"lease": ["box:2:bb", NOW - 60, NOW - 660]}}
+    maps = sitemap_summary(readings(meta), NOW)
+    assert maps == {"count": 3, "never": 1, "oldest": NOW - 5 * HOUR, "newest": NOW - 2 * HOUR, "reading": 1}
+    assert sitemap_summary(readings({"budget": {}}), NOW) is None
+    summary = summarize(fixture_records(), NOW, sitemaps={"movies": maps})
+    assert summary["movies"]["sitemaps"] == maps and "sitemaps" not in summary["books"]
+    assert "  sitemaps: 3, read 2h ago (the least lately 5h ago); 1 being read; 1 never read to the end\n" \
+        in render(summary, NOW)
 
 
 def scrapy(*args: str) -> subprocess.CompletedProcess[str]:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from vertical.config import SiteConfig
 
 __all__ = ["SitemapEntry", "feed_links", "granted", "lastmod_time", "read_feed", "read_sitemap", "reading_done",
-           "reading_key", "sitemap_body", "sitemap_wanted", "take_reading"]
+           "reading_key", "readings", "sitemap_body", "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
@@ -217,9 +217,19 @@ def sitemap_wanted(site: SiteConfig, url: str, *, page: bool) -> bool:
 # of then}. Times are the crawl clock's (the scheduler's ``now``).
 
 
+_READING = "sitemap "
+
+
 def reading_key(url: str) -> str:
     """The site meta key of sitemap ``url``'s reading record."""
-    return f"sitemap {url}"
+    return _READING + url
+
+
+def readings(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The reading records among a site's meta (``Frontier.all_meta``), by
+    sitemap URL."""
+    return {key[len(_READING):]: value for key, value in meta.items()
+            if key.startswith(_READING) and isinstance(value, dict)}
 
 
 def take_reading(stored: Any, owner: str, now: float, min_age: float, lease: float,

@@ -34,12 +34,14 @@ meta (the scheduler does at open): ``per_day`` (what it spends), ``asked``
 (``refetch.budget``, None for auto) and ``ceiling`` (what politeness allows);
 and ``allowance`` once a crawl with a ``refetch.budget`` has drawn from it:
 the fetches the site's crawls may still start now (:mod:`vertical.budget`).
+It has ``sitemaps`` when its crawls have read sitemaps
+(:func:`sitemap_summary`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -47,7 +49,7 @@ from typing import Any
 from vertical.policies.estimate import cho_irregular, counts
 from vertical.record import STATES, TRAP, URLRecord
 
-__all__ = ["format_duration", "render", "summarize"]
+__all__ = ["format_duration", "render", "sitemap_summary", "summarize"]
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -130,13 +132,31 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
+def sitemap_summary(readings: Mapping[str, Mapping[str, Any]], now: float) -> dict[str, Any] | None:
+    """What a site's crawls know of its sitemaps, from their reading records
+    (:func:`vertical.sitemaps.readings`; times on the crawl's clock, as
+    ``now``): ``count``, ``never`` (asked for, never read to the end),
+    ``oldest`` and ``newest`` (when the least and the most recently read
+    were last read), ``reading`` (leased now: being read). None without any."""
+    if not readings:
+        return None
+    read = [r["read"] for r in readings.values() if isinstance(r.get("read"), (int, float))]
+    reading = sum(isinstance(lease := r.get("lease"), list) and len(lease) == 3 and lease[1] > now
+                  for r in readings.values())
+    return {"count": len(readings), "never": len(readings) - len(read), "oldest": min(read, default=None),
+            "newest": max(read, default=None), "reading": reading}
+
+
 def summarize(records: Iterable[URLRecord], now: float, clock: float | None = None,
-              budgets: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+              budgets: dict[str, Any] | None = None,
+              sitemaps: Mapping[str, dict[str, Any] | None] | None = None) -> dict[str, dict[str, Any]]:
     """``{site: {"total": summary, "hosts": {host: summary}}}``, sites and
     hosts sorted by name; see the module docstring for a summary's keys.
     ``clock`` is the store's clock, for leases (``now`` when not given);
-    ``budgets`` the ``budget`` meta of each site that has one."""
+    ``budgets`` the ``budget`` meta of each site that has one, ``sitemaps``
+    the :func:`sitemap_summary` of each."""
     budgets = budgets or {}
+    sitemaps = sitemaps or {}
     clock = now if clock is None else clock
     tallies: dict[str, tuple[_Tally, dict[str, _Tally]]] = {}
     for record in records:
@@ -148,7 +168,8 @@ def summarize(records: Iterable[URLRecord], now: float, clock: float | None = No
         host.add(record, now, clock)
     return {
         site: {"total": total.result(), "hosts": {h: hosts[h].result() for h in sorted(hosts)},
-               **({"budget": budgets[site]} if budgets.get(site) else {})}
+               **({"budget": budgets[site]} if budgets.get(site) else {}),
+               **({"sitemaps": sitemaps[site]} if sitemaps.get(site) else {})}
         for site, (total, hosts) in sorted(tallies.items())
     }
 
@@ -209,6 +230,20 @@ def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
     return text
 
 
+def _sitemaps(maps: dict[str, Any], now: float) -> str:
+    """``"3, read 2h ago (the least lately 5h ago); 1 being read"``."""
+    text = f"{maps['count']}"
+    if maps["newest"] is not None:
+        text += f", read {format_duration(max(now - maps['newest'], 0.0))} ago"
+        if maps["oldest"] != maps["newest"]:
+            text += f" (the least lately {format_duration(max(now - maps['oldest'], 0.0))} ago)"
+    if maps["reading"]:
+        text += f"; {maps['reading']} being read"
+    if maps["never"]:
+        text += f"; {maps['never']} never read to the end"
+    return text
+
+
 def render(summary: dict[str, dict[str, Any]], now: float) -> str:
     """The summaries as aligned text: per site a table of its hosts and the
     site's total, then trap reasons and lease holders when there are any."""
@@ -219,6 +254,8 @@ def render(summary: dict[str, dict[str, Any]], now: float) -> str:
         widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
         out.append(f"site {site}: {total['records']} records, last fetch {_ago(total['last_fetch'], now)}")
         out.append(f"  spend: {_spend(total['fetched_day'], data.get('budget'))}")
+        if maps := data.get("sitemaps"):
+            out.append(f"  sitemaps: {_sitemaps(maps, now)}")
         for row in rows:
             out.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if total["traps"]:

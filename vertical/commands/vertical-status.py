@@ -3,11 +3,11 @@
 Per site and per host: records per state, what is due now / within an hour /
 within a day, refetch delays, estimated change rates, last fetch, errors,
 traps and live leases (see :mod:`vertical.status`), the fetches of the last
-24 hours against the site's budget; then the crawl processes
-the store knows of (their heartbeats, :func:`processes`): alive or not, when
-their heartbeat runs out, host, pid, lane, pages. Reads the store through the
-:class:`~vertical.frontier.Frontier` interface only, so it works on every
-backend, and never writes to it.
+24 hours against the site's budget, the sitemaps its crawls read; then the
+crawl processes the store knows of (their heartbeats, :func:`processes`):
+alive or not, when their heartbeat runs out, host, pid, lane, pages. Reads
+the store through the :class:`~vertical.frontier.Frontier` interface only,
+so it works on every backend, and never writes to it.
 
 (Scrapy names a command after its module; the hyphen makes this module
 importable only by name, which is how Scrapy loads it.)
@@ -27,7 +27,8 @@ from scrapy.exceptions import UsageError
 from vertical.budget import ALLOWANCE_KEY, draw
 from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import open_store
-from vertical.status import format_duration, render, summarize
+from vertical.sitemaps import readings
+from vertical.status import format_duration, render, sitemap_summary, summarize
 
 
 def processes(store: Any, sites: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -102,8 +103,10 @@ class Command(VerticalCommand):
                 self.exitcode = 1
                 return
             # Leases on the store's clock, as the store judges them.
-            budgets = {site: _budget(store, site, now) for site in ([args[0]] if args else store.sites())}
-            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock(), budgets)
+            sites = [args[0]] if args else store.sites()
+            budgets = {site: _budget(store, site, now) for site in sites}
+            sitemaps = {site: sitemap_summary(readings(store.all_meta(site)), now) for site in sites}
+            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock(), budgets, sitemaps)
         if opts.json:
             print(json.dumps({"store": uri, "now": now, "sites": summary, "processes": found}, indent=1))
         elif not summary:
