@@ -23,8 +23,8 @@ Pure functions, no I/O: the spider fetches, these read.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from collections.abc import Collection, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from vertical.config import SiteConfig
 
 __all__ = ["SitemapEntry", "feed_links", "granted", "lastmod_time", "read_feed", "read_sitemap", "reading_done",
-           "reading_key", "readings", "sitemap_body", "sitemap_wanted", "take_reading"]
+           "reading_key", "reading_lease", "readings", "sitemap_body", "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
@@ -244,19 +244,27 @@ def take_reading(stored: Any, owner: str, now: float, min_age: float, lease: flo
     read = record.get("read")
     if isinstance(read, (int, float)) and now - read < min_age:
         return record
-    held = record.get("lease")
-    if isinstance(held, list) and len(held) == 3 and held[0] != owner and held[1] > now \
-            and (live is None or held[0] in live):
+    held = reading_lease(record)
+    if held is not None and held[0] != owner and held[1] > now and (live is None or held[0] in live):
         return record
     record["lease"] = [owner, now + lease, now]
     return record
 
 
+def reading_lease(record: Mapping[str, Any]) -> tuple[str, float, float] | None:
+    """The reading under way: its owner, when its lease runs out and when it
+    began; None when there is none."""
+    held = record.get("lease")
+    if isinstance(held, list) and len(held) == 3:
+        return str(held[0]), float(held[1]), float(held[2])
+    return None
+
+
 def granted(record: Mapping[str, Any], owner: str) -> float | None:
     """When the lease :func:`take_reading` gave ``owner`` began (the time its
     reading begins), None when the reading is not its."""
-    held = record.get("lease")
-    return held[2] if isinstance(held, list) and len(held) == 3 and held[0] == owner else None
+    held = reading_lease(record)
+    return held[2] if held is not None and held[0] == owner else None
 
 
 def reading_done(stored: Any, owner: str, began: float, validators: Mapping[str, str] | None = None,
@@ -268,8 +276,8 @@ def reading_done(stored: Any, owner: str, began: float, validators: Mapping[str,
     record = dict(stored) if isinstance(stored, dict) else {}
     read = record.get("read")
     record["read"] = max(began, read) if isinstance(read, (int, float)) else began
-    held = record.get("lease")
-    if isinstance(held, list) and held[:1] == [owner]:
+    held = reading_lease(record)
+    if held is not None and held[0] == owner:
         del record["lease"]
     if validators is not None:
         record["validators"] = dict(validators)

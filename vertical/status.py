@@ -48,6 +48,7 @@ from typing import Any
 
 from vertical.policies.estimate import cho_irregular, counts
 from vertical.record import STATES, TRAP, URLRecord
+from vertical.sitemaps import reading_lease
 
 __all__ = ["format_duration", "render", "sitemap_summary", "summarize"]
 
@@ -141,8 +142,7 @@ def sitemap_summary(readings: Mapping[str, Mapping[str, Any]], now: float) -> di
     if not readings:
         return None
     read = [r["read"] for r in readings.values() if isinstance(r.get("read"), (int, float))]
-    reading = sum(isinstance(lease := r.get("lease"), list) and len(lease) == 3 and lease[1] > now
-                  for r in readings.values())
+    reading = sum((lease := reading_lease(r)) is not None and lease[1] > now for r in readings.values())
     return {"count": len(readings), "never": len(readings) - len(read), "oldest": min(read, default=None),
             "newest": max(read, default=None), "reading": reading}
 
