@@ -108,6 +108,11 @@ def _referer_middleware(crawler: Crawler) -> RefererMiddleware | None:
         return None
 
 
+def _as_requested(message: Request | Response) -> str:
+    """The URL a sitemap was asked for (and is known by), before redirects."""
+    return message.meta.get("redirect_urls", [message.url])[0]
+
+
 class VerticalSpider(Spider):
     name = "vertical"
     # The frontier needs to see these: 304 is "unchanged", 404/410 "gone".
@@ -276,7 +281,7 @@ class VerticalSpider(Spider):
         stats = self.crawler.stats
         scheduler = self._scheduler
         depth, began, children = response.meta[META_SITEMAP]
-        url = response.meta.get("redirect_urls", [response.url])[0]  # as requested (and known)
+        url = _as_requested(response)
         if response.status == 304:
             stats.inc_value("vertical/sitemap/not_modified")
             scheduler.sitemap_read(url, began)
@@ -323,7 +328,7 @@ class VerticalSpider(Spider):
         logger.warning("Sitemap not fetched: %s (%s)", request.url, failure.getErrorMessage())
         self.crawler.stats.inc_value("vertical/sitemap/failed")
         # Not asked for again before its time either (a lasting 404 is no reason to).
-        self._scheduler.sitemap_read(request.meta.get("redirect_urls", [request.url])[0], request.meta[META_SITEMAP][1])
+        self._scheduler.sitemap_read(_as_requested(request), request.meta[META_SITEMAP][1])
 
     def request_for(self, record: URLRecord, template: Request | None = None) -> Request:
         """The request that fetches a frontier record (called by the scheduler).

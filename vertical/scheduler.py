@@ -654,8 +654,7 @@ class FrontierScheduler(BaseScheduler):
         site, key = self.site.name, reading_key(url)
         rule = partial(reading_done, owner=self.owner, began=began, validators=validators, children=children)
         self._sitemap_calls += 1
-        d = after if after is not None else succeed(None)
-        d.addBoth(lambda _: self.flush_discovered())
+        d = succeed(None) if after is None else after.addBoth(lambda _: self.flush_discovered())
         d.addCallback(lambda _: self._call(self.frontier.update_meta, site, key, rule))
         return self._sitemap_settled(d, "sitemap read", None)
 
