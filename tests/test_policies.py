@@ -17,6 +17,7 @@ from vertical.policies import (
     make_priority,
     make_schedule,
 )
+from vertical.policies.claims import CLAIM_KEY, CLAIM_MISS, CLAIMS_KEY, check_claim, note_claim
 from vertical.policies.estimate import (
     MODIFIED_BAD_KEY,
     PROBE_KEY,
@@ -40,7 +41,15 @@ from vertical.policies.oracle import (
     solve_mu,
 )
 from vertical.policies.priority import DuePriority, LevelPriority, OpicPriority, ScentPriority, UniformPriority
-from vertical.policies.refetch import PROBING_KEY, RATE_KEY, AdaptiveSchedule, NutchSchedule, OptimalSchedule
+from vertical.policies.refetch import (
+    PROBING_KEY,
+    RATE_KEY,
+    TRUST_AFTER,
+    TRUST_FLOOR,
+    AdaptiveSchedule,
+    NutchSchedule,
+    OptimalSchedule,
+)
 from vertical.record import URLRecord
 
 DAY = 86400.0
@@ -493,11 +502,98 @@ def test_a_lastmod_without_its_hour_on_the_day_of_the_fetch_may_be_a_change_afte
     page = rec(1, level=2)
     page.visits, page.next_fetch = 3, 20 * DAY
     page.extra[RATE_KEY] = 1 / (7 * DAY)  # a fetch at day 11 buys 7 (1 - e^(-9/7)) = 5.1 days
+    page.extra[CLAIMS_KEY] = 20.0  # its lastmods have always proved true
     s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=3 * DAY)
     page.fetch_time = 10 * DAY + 3600  # at 01:00: 23/24 of the day after it
     assert s.sitemap_due(page, day10, 11 * DAY)
     page.fetch_time = 10 * DAY + 20 * 3600  # at 20:00: 1/6
     assert not s.sitemap_due(page, day10, 11 * DAY)
+
+
+def rec_at(page: URLRecord, fetched: float) -> URLRecord:
+    """``page`` fetched once, at ``fetched``."""
+    page.visits, page.fetch_time = 1, fetched
+    return page
+
+
+def _claimed(s: OptimalSchedule, page: URLRecord, changed: bool, interval: float = 10 * DAY) -> None:
+    """A sitemap claims ``page`` changed; a fetch ``interval`` after the last finds it ``changed`` or not."""
+    page.extra[RATE_KEY] = 1 / (30 * DAY)
+    s.sitemap_moved([(page, page.fetch_time + 1)], page.fetch_time + interval / 2)
+    assert CLAIM_KEY in page.extra
+    s.set_fetched(page, page.fetch_time + interval, changed)
+
+
+def test_a_claim_is_checked_by_the_next_fetch():
+    """A sitemap's claim that a page changed is noted on the record and
+    weighed by the next fetch: a slow page found unchanged says "false"
+    loud, found changed "true"; a page that changes at every visit anyway
+    says little either way. A claim already pending is not written again."""
+    extra = {}
+    assert note_claim(extra, 1.0) and not note_claim(extra, 1.0) and not note_claim(extra, 0.5)
+    slow = 1 - math.exp(-10 / 365)  # a yearly page, checked after 10 days
+    assert check_claim(extra, False, slow) == pytest.approx(math.log(CLAIM_MISS / (1 - slow)))
+    assert CLAIM_KEY not in extra and check_claim(extra, False, slow) is None  # checked once
+    assert check_claim({CLAIM_KEY: 1.0}, True, slow) == pytest.approx(math.log((1 - CLAIM_MISS) / slow))
+    assert abs(check_claim({CLAIM_KEY: 1.0}, True, 0.999)) < 0.2
+    # A date without its hour, half after the fetch: a change found says less.
+    assert 0 < check_claim({CLAIM_KEY: 0.5}, True, slow) < check_claim({CLAIM_KEY: 1.0}, True, slow)
+
+
+def test_the_site_learns_whether_its_sitemap_lastmods_tell_changes():
+    """Pages checked one by one: on a site whose sitemap stamps every page
+    "now" (the pages found unchanged), a handful of checks settle on "false"
+    and a page never checked is believed with odds under the floor; on one
+    whose sitemap dates changes, on "true". The site's processes add up
+    what each learned."""
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=DAY)
+    assert s.sitemap_truth.share == pytest.approx(0.5)
+    for i in range(8):
+        _claimed(s, rec_at(rec(i, level=2), 50 * DAY), changed=False)
+    assert s.sitemap_truth.pages == 8 and s.sitemap_truth.share < TRUST_FLOOR / 5
+    assert s.sitemap_trust(rec(99, level=2)) < TRUST_FLOOR
+    told = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=DAY)
+    for i in range(8):
+        _claimed(told, rec_at(rec(i, level=2), 50 * DAY), changed=True)
+    assert told.sitemap_truth.share > 0.95
+    # Two processes: the store adds what each learned since it loaded the state.
+    opened = told.state()
+    other = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=DAY)
+    other.load_state(opened)
+    _claimed(other, rec_at(rec(50, level=2), 50 * DAY), changed=False)
+    _claimed(told, rec_at(rec(51, level=2), 50 * DAY), changed=True)
+    merged = told.merge_state(other.state(), opened)
+    assert merged["sitemap_truth"]["pages"] == 10
+    both = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=DAY)
+    both.load_state(merged)
+    assert both.sitemap_truth.pages == 10 and 0.5 < both.sitemap_truth.share < told.sitemap_truth.share
+
+
+def test_a_sitemap_brings_forward_what_its_record_allows():
+    """Until TRUST_AFTER of the site's pages had their claims checked, a
+    reading brings forward at most that many pages, those a fetch buys most
+    for; claims are noted on every moved page, due or not. A page whose
+    Last-Modified proved meaningless gets neither. Once the site's claims
+    proved false, none is brought forward, however cheap a fetch."""
+    now = 60 * DAY
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=3600)
+    moved = []
+    for i in range(50):
+        page = rec_at(rec(i, level=2), 50 * DAY)
+        page.next_fetch = now + (1 + i % 10) * DAY  # the later due, the more a fetch now buys
+        page.extra[RATE_KEY] = 1 / (30 * DAY)
+        moved.append((page, 55 * DAY))
+    moved[0][0].extra[MODIFIED_BAD_KEY] = 1
+    due, claimed = s.sitemap_moved(moved, now)
+    assert len(due) == TRUST_AFTER and moved[0][0] not in due
+    assert {p.next_fetch - now for p in due} == {7 * DAY, 8 * DAY, 9 * DAY, 10 * DAY}  # the 20 that wait longest
+    assert claimed == [p for p, _ in moved[1:]] and CLAIM_KEY not in moved[0][0].extra
+    assert s.sitemap_moved(moved, now) == (due, [])  # pending claims are not written again
+    for page in due:
+        s.set_fetched(page, now + DAY, changed=False)
+    free = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=0.0)
+    free.load_state(s.state())
+    assert free.sitemap_moved(moved, now + DAY)[0] == []
 
 
 def test_optimal_set_budget_spends_the_budget():

@@ -10,12 +10,15 @@ import ast
 import calendar
 import gzip
 import json
+import random
 import re
 import signal
+import string
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,9 +28,11 @@ from scrapy.http import Response, XmlResponse
 from tests.crawling import REPO, crawl, serving, site_file, small_site, start_crawl, wait_for
 from tests.test_incremental import records
 from tests.test_robots import SmallSite, _Handler, html
+from tests.test_robots import small_site as small_site_server
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite, step_date
+from vertical.policies.refetch import TRUST_AFTER
 from vertical.sitemaps import granted, lastmod_time, read_sitemap, reading_done, sitemap_body, take_reading
 
 DAY = 86400.0
@@ -466,3 +471,70 @@ def test_the_feeds_an_entry_page_announces_are_read(tmp_path):
     assert {"/feed/", "/news/a", "/news/b", "/about"} <= set(server.log)
     assert not {"/about/comments/", "/news/c", "/other-language"} & set(server.log)
     assert result.stat("vertical/sitemap/feed") == 1
+
+
+def page(path: str, version: str) -> bytes:
+    """A page of its own words: no two are near-duplicates (a page's mention
+    of its own URL is masked before pages are compared)."""
+    rng = random.Random(path)
+    words = " ".join("".join(rng.choice(string.ascii_lowercase) for _ in range(6)) for _ in range(40))
+    return f"<html><body><p>{words}, {version}</p></body></html>".encode()
+
+
+def _stamped(paths: Sequence[str], stamps: dict[str, float]) -> bytes:
+    def when(path: str) -> str:
+        return datetime.fromtimestamp(stamps[path], UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+    return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+            + "".join(f"<url><loc>{p}</loc><lastmod>{when(p)}</lastmod></url>" for p in paths)
+            + "</urlset>").encode()
+
+
+@pytest.mark.parametrize("sitemap", ["tells", "lies"])
+def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(tmp_path, frontier_uri, sitemap):
+    """Forty pages, none due by its schedule for three days; runs a day
+    apart on the crawl's clock, each reading the sitemap the config names.
+    A sitemap that ``tells`` moves the lastmod of the four pages that
+    changed since the last run: run 2 and run 3 fetch those. One that
+    ``lies`` stamps every page with the time it was generated (the site's
+    last build) while no page changes: run 2 may bring forward at most
+    TRUST_AFTER pages, whose fetches find them unchanged, and run 3, whose
+    reading again says every page moved, none (without the checks, 40 and
+    40). On both stores: the claims are written to the records."""
+    start = time.time()
+    paths = [f"/p{i}" for i in range(40)]
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             **{p: (200, page(p, "as first written")) for p in paths}}
+    stamps = dict.fromkeys(paths, start - DAY)
+    pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+    store = frontier_uri
+    fetched = []
+    with small_site_server(pages) as server:
+        site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
+                          refetch={"schedule": "optimal", "initial": "3d", "min": "3d"},
+                          documents=[{"name": "doc", "match": r"/p\d+$", "fields": {"text": "//p/text()"}}])
+        crawl(site, store, tmp_path, tag="1")
+        assert set(paths) <= set(server.log)
+        for run in (2, 3):
+            built = start + (run - 1.5) * DAY  # between the last run and this one, on the crawl's clock
+            changed = paths[4 * run: 4 * run + 4]
+            if sitemap == "tells":
+                for p in changed:
+                    pages[p] = (200, page(p, f"as of run {run}"))
+                    stamps[p] = built
+            else:
+                stamps = dict.fromkeys(paths, built)
+            pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+            server.log.clear()
+            result = crawl(site, store, tmp_path, tag=str(run), settings={"VERTICAL_TIME_OFFSET": (run - 1) * DAY})
+            assert result.returncode == 0
+            fetched.append(sorted(p for p in server.log if p in stamps))
+            if sitemap == "tells":
+                assert fetched[-1] == sorted(changed)
+    if sitemap == "lies":
+        assert len(fetched[0]) <= TRUST_AFTER
+        assert fetched[1] == []
+    status = subprocess.run([sys.executable, "-m", "scrapy", "vertical-status", "stamped", "--json", "--store",
+                             store], cwd=REPO, capture_output=True, text=True, timeout=120)
+    lastmods = json.loads(status.stdout)["sites"]["stamped"]["sitemaps"]["lastmods"]
+    assert lastmods["checked"] >= (len(fetched[0]) if sitemap == "lies" else 8)
+    assert (lastmods["truthful"] < 0.1) if sitemap == "lies" else (lastmods["truthful"] > 0.9)

@@ -4,6 +4,7 @@ on both backends, and the real command in a subprocess."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from vertical.frontier import open_frontier
+from vertical.policies.claims import CLAIM_MISS, SitemapTruth
 from vertical.policies.estimate import COUNTS_KEY
 from vertical.record import FETCHED, GONE, NEW, TRAP, URLRecord
 from vertical.sitemaps import readings
@@ -117,6 +119,17 @@ def test_the_sitemaps_a_sites_crawls_read():
     assert summary["movies"]["sitemaps"] == maps and "sitemaps" not in summary["books"]
     assert "  sitemaps: 3, read 2h ago (the least lately 5h ago); 1 being read; 1 never read to the end\n" \
         in render(summary, NOW)
+    # And what fetches said of their lastmods: 8 pages claimed changed, found unchanged.
+    truth = SitemapTruth()
+    for _ in range(8):
+        truth.update(None, math.log(CLAIM_MISS / 0.7))
+    maps = sitemap_summary(readings(meta), NOW, truth.state())
+    assert maps["lastmods"]["checked"] == 8 and maps["lastmods"]["truthful"] < 0.05
+    assert sitemap_summary(readings(meta), NOW, SitemapTruth().state()).keys() == {
+        "count", "never", "oldest", "newest", "reading"}
+    text = render(summarize(fixture_records(), NOW, sitemaps={"movies": maps}), NOW)
+    assert f"1 never read to the end; lastmods checked on 8 pages, {100 * maps['lastmods']['truthful']:.0f}% tell" \
+        in text
 
 
 def scrapy(*args: str) -> subprocess.CompletedProcess[str]:

@@ -78,6 +78,7 @@ from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_e
 from vertical.frontier import Frontier, Lane, StoreUnavailable, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
+from vertical.policies.claims import CLAIM_KEY
 from vertical.policies.estimate import changed_after
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
@@ -605,16 +606,24 @@ class FrontierScheduler(BaseScheduler):
         def worth(moved: list[URLRecord]) -> Deferred[int] | int:
             # The schedule's state lives on the reactor: decide here.
             self.stats.inc_value("vertical/sitemap/lastmod_moved", len(moved))
-            due_now = getattr(self.schedule, "sitemap_due", None)
-            due = [r.fingerprint for r in moved if due_now is None or due_now(r, lastmods[r.fingerprint], now)]
+            due, claimed = self.schedule.sitemap_moved([(r, lastmods[r.fingerprint]) for r in moved], now)
             self.stats.inc_value("vertical/sitemap/lastmod_left", len(moved) - len(due))
-            if not due:
+            if not due and not claimed:
                 return 0
+            return self._call(write, claimed, [r.fingerprint for r in due]).addCallback(lambda _: brought(len(due)))
+
+        def write(claimed: list[URLRecord], due: list[int]) -> None:  # on the store thread
+            # The claims first, so that a page fetched at once has its claim checked.
+            if claimed:
+                self.frontier.save_priorities(site, claimed, [CLAIM_KEY])
             # make_due leaves alone a page fetched after `now`: one another
             # process fetched since the read above is not brought forward.
-            return self._call(self.frontier.make_due, site, due, now, 0.0).addCallback(lambda _: brought(len(due)))
+            if due:
+                self.frontier.make_due(site, due, now, 0.0)
 
         def brought(count: int) -> int:
+            if not count:
+                return 0
             self.stats.inc_value("vertical/sitemap/lastmod_due", count)
             self._stored()
             self._next_poll = 0.0

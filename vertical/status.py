@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from vertical.policies.claims import SitemapTruth
 from vertical.policies.estimate import cho_irregular, counts
 from vertical.record import STATES, TRAP, URLRecord
 from vertical.sitemaps import reading_lease
@@ -133,18 +134,26 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
-def sitemap_summary(readings: Mapping[str, Mapping[str, Any]], now: float) -> dict[str, Any] | None:
+def sitemap_summary(readings: Mapping[str, Mapping[str, Any]], now: float,
+                    truth: Any = None) -> dict[str, Any] | None:
     """What a site's crawls know of its sitemaps, from their reading records
     (:func:`vertical.sitemaps.readings`; times on the crawl's clock, as
     ``now``): ``count``, ``never`` (asked for, never read to the end),
     ``oldest`` and ``newest`` (when the least and the most recently read
-    were last read), ``reading`` (leased now: being read). None without any."""
+    were last read), ``reading`` (leased now: being read). With ``truth``
+    (the state of the schedule's :class:`~vertical.policies.claims.SitemapTruth`)
+    once fetches checked lastmods: ``lastmods``, the pages ``checked`` and
+    the share of pages whose lastmod tells their changes (``truthful``).
+    None without any."""
     if not readings:
         return None
     read = [r["read"] for r in readings.values() if isinstance(r.get("read"), (int, float))]
     reading = sum((lease := reading_lease(r)) is not None and lease[1] > now for r in readings.values())
-    return {"count": len(readings), "never": len(readings) - len(read), "oldest": min(read, default=None),
-            "newest": max(read, default=None), "reading": reading}
+    summary = {"count": len(readings), "never": len(readings) - len(read), "oldest": min(read, default=None),
+               "newest": max(read, default=None), "reading": reading}
+    if truth is not None and (learned := SitemapTruth.from_state(truth)).pages:
+        summary["lastmods"] = {"checked": int(learned.pages), "truthful": round(learned.share, 3)}
+    return summary
 
 
 def summarize(records: Iterable[URLRecord], now: float, clock: float | None = None,
@@ -241,6 +250,9 @@ def _sitemaps(maps: dict[str, Any], now: float) -> str:
         text += f"; {maps['reading']} being read"
     if maps["never"]:
         text += f"; {maps['never']} never read to the end"
+    if lastmods := maps.get("lastmods"):
+        text += (f"; lastmods checked on {lastmods['checked']} pages,"
+                 f" {100 * lastmods['truthful']:.0f}% tell their changes")
     return text
 
 

@@ -108,6 +108,15 @@ def scenarios() -> dict[str, dict]:
                                                hubs=NO_NEW, lastmod={"share": 0.7, "lag_days": 1.0,
                                                                      "bogus_share": 0.3, "sitemap_hours": 24},
                                                policies=LASTMOD_POLICIES),
+        # A sitemap that lies: every page listed, no header to check it
+        # against; its lastmod is the time of the reading for all of them
+        # (generated on request) or for 30% (the rest truthful).
+        "lognormal-s40-sitemap-now": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                          lastmod={"share": 1.0, "bogus_share": 1.0, "header": False,
+                                                   "sitemap_hours": 24}, policies=LASTMOD_POLICIES),
+        "lognormal-s40-sitemap-mixed": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                            lastmod={"share": 1.0, "bogus_share": 0.3, "header": False,
+                                                     "sitemap_hours": 24}, policies=LASTMOD_POLICIES),
         # The 10^5 check: the smallest budget, half the pages in a sitemap, one seed.
         "lognormal-s40-lm50-sitemap-1e5": dict(pages=100000, static_share=0.4, change_interval=LOGNORMAL,
                                                hubs=NO_NEW, lastmod={"share": 0.5, "sitemap_hours": 24},

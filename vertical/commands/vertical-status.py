@@ -54,6 +54,13 @@ def _budget(store: Any, site: str, now: float) -> dict[str, Any] | None:
     return budget
 
 
+def _sitemaps(meta: dict[str, Any], now: float) -> dict[str, Any] | None:
+    """The sitemaps the site's crawls read, and what their fetches said of
+    the lastmods (the optimal schedule's state)."""
+    state = meta.get("schedule.optimal")
+    return sitemap_summary(readings(meta), now, state.get("sitemap_truth") if isinstance(state, dict) else None)
+
+
 def render_processes(found: dict[str, list[dict[str, Any]]], clock: float) -> str:
     """The processes as aligned text, one table per site that has any."""
     out: list[str] = []
@@ -105,7 +112,7 @@ class Command(VerticalCommand):
             # Leases on the store's clock, as the store judges them.
             sites = [args[0]] if args else store.sites()
             budgets = {site: _budget(store, site, now) for site in sites}
-            sitemaps = {site: sitemap_summary(readings(store.all_meta(site)), now) for site in sites}
+            sitemaps = {site: _sitemaps(store.all_meta(site), now) for site in sites}
             summary = summarize(store.iter_records(args[0] if args else None), now, store.clock(), budgets, sitemaps)
         if opts.json:
             print(json.dumps({"store": uri, "now": now, "sites": summary, "processes": found}, indent=1))

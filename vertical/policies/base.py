@@ -15,7 +15,7 @@ simulator); policies never read a clock themselves.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vertical.record import URLRecord
@@ -87,6 +87,14 @@ class FetchSchedule(ABC):
         failures = max(int(record.extra.get("failures", 1)), 1)
         ceiling = self.clamp(record.refetch_delay or self.initial)
         record.next_fetch = now + min(self.min_delay * 2 ** min(failures - 1, 32), ceiling)
+
+    def sitemap_moved(self, moved: Sequence[tuple[URLRecord, float]],
+                      now: float) -> tuple[list[URLRecord], list[URLRecord]]:
+        """A sitemap read at ``now`` dates a change of each of these pages
+        (``(record, lastmod)``) after its last fetch. Returns the pages to
+        fetch now, and those whose ``extra`` this call wrote (to be saved).
+        Here: every one of them is due now, and nothing is written."""
+        return [record for record, _ in moved], []
 
     @abstractmethod
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:

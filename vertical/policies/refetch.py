@@ -20,10 +20,12 @@ import math
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from heapq import nlargest
 from typing import Any
 
 from vertical.durations import parse_duration
 from vertical.policies.base import FetchSchedule
+from vertical.policies.claims import CLAIM_KEY, CLAIMS_KEY, SitemapTruth, check_claim, note_claim
 from vertical.policies.estimate import (
     MODIFIED_BAD_KEY,
     RateDistribution,
@@ -57,6 +59,14 @@ DAY = 86400.0
 RATE_KEY = "rate"
 #: Set in ``record.extra`` when the next visit of a page is a probe.
 PROBING_KEY = "probing"
+#: Until fetches checked the sitemap claims of this many of a site's pages,
+#: one reading brings forward at most this many: a sitemap that dates every
+#: page "now" would otherwise make the whole site due at its first reading.
+TRUST_AFTER = 20
+#: A claim believed with smaller odds brings no page forward, however cheap a
+#: fetch: the price of a fetch prices the crawl's budget, not the site's
+#: patience, and with a budget that only politeness bounds it is nothing.
+TRUST_FLOOR = 0.1
 
 
 class FixedSchedule(FetchSchedule):
@@ -188,7 +198,13 @@ class OptimalSchedule(FetchSchedule):
       :meth:`set_fetched`) is an observed change time
       (:func:`~vertical.policies.estimate.observe_modified`), and
       :meth:`sitemap_due` decides whether a sitemap's lastmod makes a page
-      worth fetching now.
+      worth fetching now. A sitemap's lastmod is a claim the next fetch
+      checks (:func:`~vertical.policies.claims.check_claim`): it is
+      weighed by the odds that the page's lastmods tell its changes, from
+      the page's own checks and, before them, the share of the site's
+      claims that fetches bore out (:meth:`sitemap_trust`). Many sitemaps
+      date every page with the time they were generated; Google, too, uses
+      lastmod only where it proves accurate.
     * With ``probe`` (the default) a page found changed again, with at
       least ``probe_after`` changes seen, may be visited sooner (one visit;
       a change it finds may call for another), when what that visit can
@@ -266,6 +282,8 @@ class OptimalSchedule(FetchSchedule):
         #: caught up serves them on time too (no probe would ever come to
         #: lower a stale estimate).
         self.probe_lateness = 0.0
+        #: What fetches said of the site's sitemap lastmods (see :meth:`sitemap_trust`).
+        self.sitemap_truth = SitemapTruth()
         #: Host -> its own price of a fetch, for the hosts whose politeness binds.
         self.host_mu: dict[str, float] = {}
         self.max_share = float(max_share)
@@ -490,22 +508,82 @@ class OptimalSchedule(FetchSchedule):
         worth a fetch when more than its price, weighed by the odds that
         the change came after the last fetch (1, unless ``modified`` is a
         date without its hour on the day of that fetch: see
-        :func:`~vertical.policies.estimate.changed_after`). A page changing
-        too fast to be kept fresh (or whose lastmod moves without its content: see
+        :func:`~vertical.policies.estimate.changed_after`) and by the odds
+        that the page's lastmod dates its changes at all
+        (:meth:`sitemap_trust`). A page changing too fast to be kept fresh
+        (or whose Last-Modified moves without its content: see
         :func:`~vertical.policies.estimate.observe_modified`) is left to its
         schedule; with ``lastmod_due="always"`` every change is due now, with
         ``"never"`` none."""
         if self.lastmod_due != "worth":
             return self.lastmod_due == "always"
+        return self._sitemap_worth(record, modified, now) > 1.0
+
+    def _sitemap_worth(self, record: URLRecord, modified: float, now: float) -> float:
+        """The freshness a fetch now buys, in prices of a fetch (see :meth:`sitemap_due`)."""
         if record.extra.get(MODIFIED_BAD_KEY):
-            return False
+            return 0.0
         wait = record.next_fetch - now
         if wait <= 0:
-            return False  # due already
+            return 0.0  # due already
+        trust = self.sitemap_trust(record)
+        if trust < TRUST_FLOOR:
+            return 0.0
         rate = self.rate(record)
         gain = wait if rate <= 0 else -math.expm1(-rate * wait) / rate
-        # A date without its hour on the day of the last fetch: maybe no change since.
-        return gain * changed_after(modified, record.fetch_time, now, rate) > self.price(record)
+        gain *= changed_after(modified, record.fetch_time, now, rate) * trust
+        price = self.price(record)
+        if price <= 0:
+            return math.inf if gain > 0 else 0.0
+        return gain / price
+
+    def sitemap_moved(self, moved: Sequence[tuple[URLRecord, float]],
+                      now: float) -> tuple[list[URLRecord], list[URLRecord]]:
+        """A sitemap read at ``now`` dates a change of each of these pages
+        after its last fetch. Each claim is noted on its record for the
+        next fetch to check (:func:`~vertical.policies.claims.note_claim`);
+        the pages worth fetching now (:meth:`sitemap_due`) are returned,
+        with the records noted. Until :data:`TRUST_AFTER` of the site's
+        pages had their claims checked, at most that many are brought
+        forward: those a fetch buys most for."""
+        claimed: list[URLRecord] = []
+        worth: list[tuple[float, URLRecord]] = []
+        for record, modified in moved:
+            if record.extra.get(MODIFIED_BAD_KEY):
+                # Its Last-Modified proved meaningless, and its lastmod is
+                # unheeded: checked, it would only lower the odds of the rest.
+                continue
+            odds = changed_after(modified, record.fetch_time, now, self.rate(record))
+            if odds <= 0:
+                continue
+            if note_claim(record.extra, odds):
+                claimed.append(record)
+            if self.lastmod_due != "worth":
+                if self.lastmod_due == "always" and record.next_fetch > now:
+                    worth.append((1.0, record))
+                continue
+            value = self._sitemap_worth(record, modified, now)
+            if value > 1.0:
+                worth.append((value, record))
+        if self.lastmod_due == "worth" and self.sitemap_truth.pages < TRUST_AFTER:
+            worth = nlargest(TRUST_AFTER, worth, key=lambda pair: pair[0])
+        return [record for _, record in worth], claimed
+
+    def _changed_anyway(self, record: URLRecord, interval: float) -> float:
+        """The odds that ``record`` changed in ``interval`` seconds, by its
+        visits so far (before this one's observations)."""
+        if self.population is None or self.is_hub(record):
+            return -math.expm1(-self.rate(record) * interval)
+        prior = self.prior(record)
+        posterior = prior.posterior(*history(record.extra))
+        return 1.0 - math.fsum(p * math.exp(-r * interval) for p, r in zip(posterior, prior.rates))
+
+    def sitemap_trust(self, record: URLRecord) -> float:
+        """The odds that ``record``'s sitemap lastmod dates its changes: the
+        site's share of pages whose lastmod does (:attr:`sitemap_truth`),
+        updated by what the page's own fetches said of its claims
+        (:data:`~vertical.policies.claims.CLAIMS_KEY`)."""
+        return self.sitemap_truth.trust(float(record.extra.get(CLAIMS_KEY, 0.0)))
 
     def price(self, record: URLRecord) -> float:
         """The price of a fetch of ``record``: ``mu``, or its host's when the
@@ -528,12 +606,25 @@ class OptimalSchedule(FetchSchedule):
 
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
         hub = self.is_hub(record)
+        # A sitemap's claim is checked against the odds of a change by the
+        # visits before this one (this one's Last-Modified would tell).
+        anyway = None
+        if not first and CLAIM_KEY in record.extra:
+            anyway = self._changed_anyway(record, now - record.fetch_time)
         counted = False
         if self.last_modified and not hub:
             # The header of this response (the commit sets it before this call).
             modified = parse_http_date(record.last_modified)
             counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
         probed = record.extra.pop(PROBING_KEY, None)
+        if anyway is not None:
+            if record.extra.get(MODIFIED_BAD_KEY):
+                record.extra.pop(CLAIM_KEY)  # its dates move without its content: unheeded, unchecked
+            else:
+                before = record.extra.get(CLAIMS_KEY)
+                after = check_claim(record.extra, changed, anyway)
+                if after is not None:
+                    self.sitemap_truth.update(None if before is None else float(before), after)
         if not first and now >= record.next_fetch:
             # How far behind their due times the visits come (a moving mean
             # over the last ~100), and apart from them the probes (~20), which
@@ -594,7 +685,8 @@ class OptimalSchedule(FetchSchedule):
         the frontier to persist between runs."""
         # Lateness too: a run of another mode starts where the last one
         # left it, or each would weigh its probes as if it were on time.
-        state: dict[str, Any] = {"mu": self.mu, "lateness": self.lateness, "probe_lateness": self.probe_lateness}
+        state: dict[str, Any] = {"mu": self.mu, "lateness": self.lateness, "probe_lateness": self.probe_lateness,
+                                 "sitemap_truth": self.sitemap_truth.state()}
         if self.population is not None:
             state["population"] = list(self.population.weights)
             state["static_age"] = self.population.static_age
@@ -620,6 +712,9 @@ class OptimalSchedule(FetchSchedule):
                 merged[key] = (float(stored.get(key, current[key])) + current[key]) / 2
             except (TypeError, ValueError):
                 merged[key] = current[key]
+        # Each process adds what its fetches checked.
+        merged["sitemap_truth"] = self.sitemap_truth.merge(
+            stored.get("sitemap_truth"), opened.get("sitemap_truth") if isinstance(opened, dict) else None)
         mine, theirs = current.get("population"), stored.get("population")
         if mine and isinstance(theirs, list) and len(theirs) == len(mine):
             merged["population"] = [(float(a) + b) / 2 for a, b in zip(theirs, mine, strict=True)]
@@ -643,6 +738,8 @@ class OptimalSchedule(FetchSchedule):
         self.mu = float(state.get("mu", self.mu))
         self.lateness = float(state.get("lateness", self.lateness))
         self.probe_lateness = float(state.get("probe_lateness", self.probe_lateness))
+        if "sitemap_truth" in state:
+            self.sitemap_truth = SitemapTruth.from_state(state["sitemap_truth"])
         weights = state.get("population")
         if self.population is not None and state.get("static_age"):
             try:

@@ -266,29 +266,31 @@ def simulate(
         c = bisect_right(ct, t, off[i], off[i + 1])
         return ct[c - 1] - lag[c - 1] if c > off[i] else born_modified[i]
 
+    headers = publishes is not None and scn.lastmod.get("header", 1.0) > 0
     sitemap_every = scn.lastmod.get("sitemap_hours", 0.0) / 24.0 if publishes is not None and not oracle else 0.0
     next_sitemap = 0.0
-    sitemap_due = getattr(schedule, "sitemap_due", None)
 
     def read_sitemap(now: float) -> None:
         """The site's sitemap lists its pages with their lastmod: a known
         page whose lastmod is after its last fetch has changed since, and
-        the schedule says whether it is worth fetching now (the crawler's
-        Scheduler.sitemap_entries); without an opinion, it is due now."""
+        the schedule says which are worth fetching now (the crawler's
+        Scheduler.sitemap_entries)."""
         now_s = now * DAY
+        moved = []
         for rec in documents:
             i = rec.fingerprint
             if not rec.visits or not publishes[i]:
                 continue
             modified = published(i, now) * DAY
-            if not changed_after(modified, rec.fetch_time, now_s) or rec.next_fetch <= now_s:
-                continue
-            if sitemap_due is not None and not sitemap_due(rec, modified, now_s):
+            if changed_after(modified, rec.fetch_time, now_s):
+                moved.append((rec, modified))
+        for rec in schedule.sitemap_moved(moved, now_s)[0]:
+            if rec.next_fetch <= now_s:
                 continue
             rec.next_fetch = now_s
             priority.on_discovered(rec, None)  # the priority of a page due now
-            heappush(pheap, (-rec.priority, i))
-            queued[i] = 1
+            heappush(pheap, (-rec.priority, rec.fingerprint))
+            queued[rec.fingerprint] = 1
 
     for i in range(0 if not oracle else n_hubs, first_new):
         discover(i, None, 0.0)
@@ -394,7 +396,7 @@ def simulate(
                     outlinks.append(linked)
             elif first and i >= first_new:
                 overhead += 1  # a page found during the run; not the initial crawl
-            if publishes is not None and publishes[i]:
+            if headers and publishes[i]:
                 # The response's Last-Modified, set on the record as the commit does.
                 rec.last_modified = formatdate(published(i, t) * DAY, usegmt=True)
             set_fetched(rec, t_s, changed)

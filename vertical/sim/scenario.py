@@ -32,6 +32,10 @@ multiple of ``lag_days`` (1: a date without its hour), or for
 request). The others send none.
 With ``sitemap_hours`` the same pages are listed in a sitemap with that
 lastmod, read every so many hours (a fetch not counted against the budget).
+With ``header: false`` the pages send no header and only the sitemap dates
+them (a sitemap of ``lastmod = now`` with ``bogus_share: 1``, as sitemaps
+generated on request often are, then has nothing to be checked against but
+the pages' content).
 
 ``hosts``: the site's pages spread over hosts (``share`` of the documents
 each; the hubs are on the first), each fetched at most once per ``delay_s``
@@ -101,7 +105,8 @@ class Scenario:
     scent_delta_s: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     tick_minutes: float = 15.0
     lastmod: Mapping[str, float] = field(
-        default_factory=lambda: {"share": 0.0, "lag_days": 0.0, "bogus_share": 0.0, "sitemap_hours": 0.0}
+        default_factory=lambda: {"share": 0.0, "lag_days": 0.0, "bogus_share": 0.0, "sitemap_hours": 0.0,
+                                 "header": 1.0}
     )
     #: ``(share, delay_s)`` per host; empty: one host, no politeness limit.
     hosts_politeness: tuple[tuple[float, float], ...] = ()
@@ -300,11 +305,14 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             raise ScenarioError("hosts: the shares must add up to 1")
         kw["hosts_politeness"] = tuple(hosts)
     if "lastmod" in data:
-        lm = _mapping(data["lastmod"], "lastmod", {"share", "lag_days", "bogus_share", "sitemap_hours"})
+        lm = _mapping(data["lastmod"], "lastmod", {"share", "lag_days", "bogus_share", "sitemap_hours", "header"})
+        if lm.get("header", True) not in (True, False):  # 1.0 and 0.0 as results.json writes them
+            raise ScenarioError(f"lastmod.header: expected true or false, got {lm['header']!r}")
         kw["lastmod"] = {"share": _number(lm.get("share", 1.0), "lastmod.share", low=0, high=1),
                          "lag_days": _number(lm.get("lag_days", 0.0), "lastmod.lag_days", low=0),
                          "bogus_share": _number(lm.get("bogus_share", 0.0), "lastmod.bogus_share", low=0, high=1),
-                         "sitemap_hours": _number(lm.get("sitemap_hours", 0.0), "lastmod.sitemap_hours", low=0)}
+                         "sitemap_hours": _number(lm.get("sitemap_hours", 0.0), "lastmod.sitemap_hours", low=0),
+                         "header": float(lm.get("header", True))}
     if "sections" in data:
         sec = _mapping(data["sections"], "sections", {"count", "strength"})
         kw["sections"] = {"count": int(_number(sec.get("count", 0), "sections.count", low=0)),
