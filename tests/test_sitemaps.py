@@ -489,8 +489,8 @@ def _stamped(paths: Sequence[str], stamps: dict[str, float]) -> bytes:
             + "</urlset>").encode()
 
 
-@pytest.mark.parametrize("sitemap", ["tells", "lies"])
-def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(tmp_path, frontier_uri, sitemap):
+@pytest.mark.parametrize("sitemap, backend", [("tells", "sqlite"), ("lies", "sqlite"), ("lies", "redis")])
+def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path, sitemap, backend):
     """Forty pages, none due by its schedule for three days; runs a day
     apart on the crawl's clock, each reading the sitemap the config names.
     A sitemap that ``tells`` moves the lastmod of the four pages that
@@ -499,14 +499,14 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(tmp_path, frontie
     last build) while no page changes: run 2 may bring forward at most
     TRUST_AFTER pages, whose fetches find them unchanged, and run 3, whose
     reading again says every page moved, none (without the checks, 40 and
-    40). On both stores: the claims are written to the records."""
+    40). The lies on both stores: the claims are written to the records."""
     start = time.time()
     paths = [f"/p{i}" for i in range(40)]
     pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
              **{p: (200, page(p, "as first written")) for p in paths}}
     stamps = dict.fromkeys(paths, start - DAY)
     pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
-    store = frontier_uri
+    store = request.getfixturevalue("redis_url") if backend == "redis" else f"sqlite:///{tmp_path / 'f.sqlite3'}"
     fetched = []
     with small_site_server(pages) as server:
         site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
