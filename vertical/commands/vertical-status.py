@@ -27,6 +27,7 @@ from scrapy.exceptions import UsageError
 from vertical.budget import ALLOWANCE_KEY, draw
 from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import open_store
+from vertical.policies.refetch import OptimalSchedule
 from vertical.sitemaps import readings
 from vertical.status import format_duration, render, sitemap_summary, summarize
 
@@ -57,7 +58,7 @@ def _budget(store: Any, site: str, now: float) -> dict[str, Any] | None:
 def _sitemaps(meta: dict[str, Any], now: float) -> dict[str, Any] | None:
     """The sitemaps the site's crawls read, and what their fetches said of
     the lastmods (the optimal schedule's state)."""
-    state = meta.get("schedule.optimal")
+    state = meta.get(f"schedule.{OptimalSchedule.name}")  # as the scheduler stores it
     return sitemap_summary(readings(meta), now, state.get("sitemap_truth") if isinstance(state, dict) else None)
 
 

@@ -517,21 +517,22 @@ class OptimalSchedule(FetchSchedule):
         ``"never"`` none."""
         if self.lastmod_due != "worth":
             return self.lastmod_due == "always"
-        return self._sitemap_worth(record, modified, now) > 1.0
-
-    def _sitemap_worth(self, record: URLRecord, modified: float, now: float) -> float:
-        """The freshness a fetch now buys, in prices of a fetch (see :meth:`sitemap_due`)."""
         if record.extra.get(MODIFIED_BAD_KEY):
-            return 0.0
+            return False
+        rate = self.rate(record)
+        return self._sitemap_worth(record, changed_after(modified, record.fetch_time, now, rate), rate, now) > 1.0
+
+    def _sitemap_worth(self, record: URLRecord, odds: float, rate: float, now: float) -> float:
+        """The freshness a fetch now buys, in prices of a fetch, of a page
+        changed since its last fetch with these ``odds`` (see :meth:`sitemap_due`)."""
         wait = record.next_fetch - now
         if wait <= 0:
             return 0.0  # due already
         trust = self.sitemap_trust(record)
         if trust < TRUST_FLOOR:
             return 0.0
-        rate = self.rate(record)
         gain = wait if rate <= 0 else -math.expm1(-rate * wait) / rate
-        gain *= changed_after(modified, record.fetch_time, now, rate) * trust
+        gain *= odds * trust
         price = self.price(record)
         if price <= 0:
             return math.inf if gain > 0 else 0.0
@@ -553,7 +554,8 @@ class OptimalSchedule(FetchSchedule):
                 # Its Last-Modified proved meaningless, and its lastmod is
                 # unheeded: checked, it would only lower the odds of the rest.
                 continue
-            odds = changed_after(modified, record.fetch_time, now, self.rate(record))
+            rate = self.rate(record)
+            odds = changed_after(modified, record.fetch_time, now, rate)
             if odds <= 0:
                 continue
             if note_claim(record.extra, odds):
@@ -562,7 +564,7 @@ class OptimalSchedule(FetchSchedule):
                 if self.lastmod_due == "always" and record.next_fetch > now:
                     worth.append((1.0, record))
                 continue
-            value = self._sitemap_worth(record, modified, now)
+            value = self._sitemap_worth(record, odds, rate, now)
             if value > 1.0:
                 worth.append((value, record))
         if self.lastmod_due == "worth" and self.sitemap_truth.pages < TRUST_AFTER:
