@@ -19,6 +19,7 @@ from vertical.policies import (
 )
 from vertical.policies.claims import CLAIM_KEY, CLAIM_MISS, CLAIMS_KEY, check_claim, note_claim
 from vertical.policies.estimate import (
+    LISTED_KEY,
     MODIFIED_BAD_KEY,
     PROBE_KEY,
     RateDistribution,
@@ -26,8 +27,10 @@ from vertical.policies.estimate import (
     cho_regular,
     counts,
     history,
+    listed_history,
     naive_rate,
     observe,
+    observe_listed,
     url_section,
 )
 from vertical.policies.oracle import (
@@ -528,14 +531,17 @@ def test_a_claim_is_checked_by_the_next_fetch():
     """A sitemap's claim that a page changed is noted on the record and
     weighed by the next fetch: a slow page found unchanged says "false"
     loud, found changed "true"; a page that changes at every visit anyway
-    says little either way. A claim already pending is not written again."""
+    says little, and never "false" when found changed (a true claim adds a
+    change to those it has anyway). A claim already pending is not written
+    again."""
     extra = {}
     assert note_claim(extra, 1.0) and not note_claim(extra, 1.0) and not note_claim(extra, 0.5)
     slow = 1 - math.exp(-10 / 365)  # a yearly page, checked after 10 days
-    assert check_claim(extra, False, slow) == pytest.approx(math.log(CLAIM_MISS / (1 - slow)))
+    assert check_claim(extra, False, slow) == pytest.approx(math.log(CLAIM_MISS))
     assert CLAIM_KEY not in extra and check_claim(extra, False, slow) is None  # checked once
-    assert check_claim({CLAIM_KEY: 1.0}, True, slow) == pytest.approx(math.log((1 - CLAIM_MISS) / slow))
-    assert abs(check_claim({CLAIM_KEY: 1.0}, True, 0.999)) < 0.2
+    assert check_claim({CLAIM_KEY: 1.0}, True, slow) == pytest.approx(math.log(1 - (1 - slow) * CLAIM_MISS) - math.log(slow))
+    assert 0 <= check_claim({CLAIM_KEY: 1.0}, True, 0.999) < 0.01
+    assert 0 <= check_claim({CLAIM_KEY: 1.0}, True, 0.9) < 0.2
     # A date without its hour, half after the fetch: a change found says less.
     assert 0 < check_claim({CLAIM_KEY: 0.5}, True, slow) < check_claim({CLAIM_KEY: 1.0}, True, slow)
 
@@ -567,6 +573,68 @@ def test_the_site_learns_whether_its_sitemap_lastmods_tell_changes():
     both = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=DAY)
     both.load_state(merged)
     assert both.sitemap_truth.pages == 10 and 0.5 < both.sitemap_truth.share < told.sitemap_truth.share
+
+
+def test_a_sitemap_reading_writes_only_what_moved():
+    """A page's lastmod only moves forward, so a reading that shows the same
+    one says "no change from it until now" and writes nothing; a move is a
+    change at the new lastmod and none from the old one until the reading
+    before. A lastmod within a minute of the reading (a sitemap generated on
+    request) is no change time."""
+    extra = {}
+    at = 1234.0  # precise lastmods (neither midnight nor on the hour: see granularity)
+    assert observe_listed(extra, 10 * DAY + at, 12 * DAY, None)  # first: two days since the last change
+    assert extra[LISTED_KEY] == [1, 0.0, 10 * DAY + at]
+    assert not observe_listed(extra, 10 * DAY + at, 13 * DAY, 12 * DAY)
+    assert observe_listed(extra, 15.5 * DAY + at, 16 * DAY, 15 * DAY)
+    assert extra[LISTED_KEY] == [2, 5 * DAY - at, 15.5 * DAY + at]  # no change from day 10 to the reading of day 15
+    assert not observe_listed(extra, 17 * DAY - 30, 17 * DAY, 16 * DAY)
+    # A date without its hour is taken at the end of its day.
+    assert observe_listed(coarse := {}, 10 * DAY, 12 * DAY, None) and coarse[LISTED_KEY][2] == 11 * DAY
+    seen = history({})
+    told = listed_history(seen, extra, 20 * DAY)
+    assert told[4:7] == (2, 5 * DAY - at + 4.5 * DAY - at, 1)  # changes, exposure to the latest reading, the first
+    assert listed_history(seen, {}, 20 * DAY) is None
+
+
+def _read_daily(s: OptimalSchedule, pages: dict[str, URLRecord], every: dict[str, float], days: int) -> int:
+    """``days`` daily readings of a sitemap dating each page's changes, one
+    every ``every[name]`` days (inf: last changed a year before day 0)."""
+    writes = 0
+    for day in range(1, days + 1):
+        now = day * DAY
+        listed = [(page, (now // (every[name] * DAY)) * every[name] * DAY + 1234.0 if math.isfinite(every[name])
+                   else -365 * DAY + 1234.0) for name, page in pages.items()]
+        writes += len(s.sitemap_read(listed, now)[1])
+    return writes
+
+
+def test_a_truthful_sitemap_tells_a_pages_rate_without_a_fetch():
+    """Read daily, a sitemap whose lastmods proved true tells a page that
+    changes every two days from one that has not changed for a year, though
+    neither was fetched again; one whose lastmods proved false tells
+    nothing, and its readings are not kept."""
+    def site(truthful: bool) -> OptimalSchedule:
+        s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=DAY)
+        for i in range(TRUST_AFTER):
+            _claimed(s, rec_at(rec(100 + i, level=2), 50 * DAY), changed=truthful)
+        return s
+
+    every = {"fast": 2.0, "slow": math.inf}
+    told = site(True)
+    pages = {name: rec_at(rec(i, level=2), 0.0) for i, name in enumerate(every)}
+    writes = _read_daily(told, pages, every, 60)
+    assert writes == 2 + 29  # the first reading of each page, then each move
+    fast, slow = told.rate(pages["fast"]) * DAY, told.rate(pages["slow"]) * DAY
+    # The mean keeps the little weight left on "the lastmods lie", which
+    # is the site's prior mean rate: the slow page's is a tenth of the other's.
+    assert 0.25 < fast < 1.0 and slow < fast / 5, (fast, slow)
+    assert told.posterior(pages["slow"])[0] > 0.3  # most likely static: not changed in a year and 60 days
+    lied = site(False)
+    pages = {name: rec_at(rec(i, level=2), 0.0) for i, name in enumerate(every)}
+    _read_daily(lied, pages, every, 60)
+    assert lied.rate(pages["fast"]) == lied.rate(pages["slow"])
+    assert all(LISTED_KEY not in page.extra for page in pages.values())
 
 
 def test_a_sitemap_brings_forward_what_its_record_allows():

@@ -78,7 +78,6 @@ from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_e
 from vertical.frontier import Frontier, Lane, StoreUnavailable, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
-from vertical.policies.claims import CLAIM_KEY
 from vertical.policies.estimate import changed_after
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
@@ -585,8 +584,9 @@ class FrontierScheduler(BaseScheduler):
         content). One whose lastmod did not move keeps its ``next_fetch``:
         the schedule decides, the sitemap never brings it sooner. A lastmod
         later than now (a skewed clock) says nothing: taken at its word it
-        would make the page due at every reading. Fires with how many known
-        pages were brought forward."""
+        would make the page due at every reading. What the lastmods say of
+        each page's changes is the schedule's to keep (``sitemap_read``).
+        Fires with how many known pages were brought forward."""
         entries = list(entries)
         lastmods: dict[int, float] = {}
         now = self.now()
@@ -599,23 +599,24 @@ class FrontierScheduler(BaseScheduler):
             return succeed(0)
         site = self.site.name
 
-        def moved_since_fetched() -> list[URLRecord]:  # on the store thread
-            known = self.frontier.get_many(site, lastmods)
-            return [r for fp, r in known.items() if r.visits and changed_after(lastmods[fp], r.fetch_time, now)]
+        def fetched() -> list[URLRecord]:  # on the store thread
+            return [r for r in self.frontier.get_many(site, lastmods).values() if r.visits]
 
-        def worth(moved: list[URLRecord]) -> Deferred[int] | int:
+        def worth(known: list[URLRecord]) -> Deferred[int] | int:
             # The schedule's state lives on the reactor: decide here.
-            self.stats.inc_value("vertical/sitemap/lastmod_moved", len(moved))
-            due, claimed = self.schedule.sitemap_moved([(r, lastmods[r.fingerprint]) for r in moved], now)
-            self.stats.inc_value("vertical/sitemap/lastmod_left", len(moved) - len(due))
-            if not due and not claimed:
+            moved = sum(1 for r in known if changed_after(lastmods[r.fingerprint], r.fetch_time, now))
+            self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
+            due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
+            self.stats.inc_value("vertical/sitemap/lastmod_left", moved - len(due))
+            if not due and not written:
                 return 0
-            return self._call(write, claimed, [r.fingerprint for r in due]).addCallback(lambda _: brought(len(due)))
+            return self._call(write, written, [r.fingerprint for r in due]).addCallback(lambda _: brought(len(due)))
 
-        def write(claimed: list[URLRecord], due: list[int]) -> None:  # on the store thread
-            # The claims first, so that a page fetched at once has its claim checked.
-            if claimed:
-                self.frontier.save_priorities(site, claimed, [CLAIM_KEY])
+        def write(written: list[URLRecord], due: list[int]) -> None:  # on the store thread
+            # What the reading taught first, so that a page fetched at once
+            # has its claim checked.
+            if written:
+                self.frontier.save_priorities(site, written, self.schedule.sitemap_keys)
             # make_due leaves alone a page fetched after `now`: one another
             # process fetched since the read above is not brought forward.
             if due:
@@ -628,7 +629,7 @@ class FrontierScheduler(BaseScheduler):
             self._stored()
             self._next_poll = 0.0
             return count
-        d = self._call(moved_since_fetched).addCallback(worth)
+        d = self._call(fetched).addCallback(worth)
         return d.addErrback(partial(self.store_failed, "sitemap"))
 
     def lease_sitemaps(self, urls: Sequence[str], min_age: float) -> Deferred[dict[str, dict[str, Any]]]:

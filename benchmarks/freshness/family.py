@@ -114,9 +114,26 @@ def scenarios() -> dict[str, dict]:
         "lognormal-s40-sitemap-now": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
                                           lastmod={"share": 1.0, "bogus_share": 1.0, "header": False,
                                                    "sitemap_hours": 24}, policies=LASTMOD_POLICIES),
+        # The same, stamped with the site's daily build (03:00) rather than
+        # the time of the reading: nothing tells such a date from a change
+        # but the pages' next fetches.
+        "lognormal-s40-sitemap-build": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                            lastmod={"share": 1.0, "bogus_share": 1.0, "build_hours": 24,
+                                                     "header": False, "sitemap_hours": 24},
+                                            policies=LASTMOD_POLICIES),
+        "lognormal-s40-sitemap-mixed-build": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL,
+                                                  hubs=NO_NEW, lastmod={"share": 1.0, "bogus_share": 0.3,
+                                                                        "build_hours": 24, "header": False,
+                                                                        "sitemap_hours": 24},
+                                                  policies=LASTMOD_POLICIES),
         "lognormal-s40-sitemap-mixed": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
                                             lastmod={"share": 1.0, "bogus_share": 0.3, "header": False,
                                                      "sitemap_hours": 24}, policies=LASTMOD_POLICIES),
+        # A sitemap that tells every change (to the second) of every page,
+        # and no header: the site's only change signal is its sitemap.
+        "lognormal-s40-sitemap-true": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                           lastmod={"share": 1.0, "header": False, "sitemap_hours": 24},
+                                           policies=LASTMOD_POLICIES),
         # The 10^5 check: the smallest budget, half the pages in a sitemap, one seed.
         "lognormal-s40-lm50-sitemap-1e5": dict(pages=100000, static_share=0.4, change_interval=LOGNORMAL,
                                                hubs=NO_NEW, lastmod={"share": 0.5, "sitemap_hours": 24},

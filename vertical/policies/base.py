@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from vertical.policies.estimate import changed_after
 from vertical.record import URLRecord
 
 
@@ -88,13 +89,17 @@ class FetchSchedule(ABC):
         ceiling = self.clamp(record.refetch_delay or self.initial)
         record.next_fetch = now + min(self.min_delay * 2 ** min(failures - 1, 32), ceiling)
 
-    def sitemap_moved(self, moved: Sequence[tuple[URLRecord, float]],
-                      now: float) -> tuple[list[URLRecord], list[URLRecord]]:
-        """A sitemap read at ``now`` dates a change of each of these pages
-        (``(record, lastmod)``) after its last fetch. Returns the pages to
-        fetch now, and those whose ``extra`` this call wrote (to be saved).
-        Here: every one of them is due now, and nothing is written."""
-        return [record for record, _ in moved], []
+    #: The keys of ``record.extra`` that :meth:`sitemap_read` writes.
+    sitemap_keys: tuple[str, ...] = ()
+
+    def sitemap_read(self, listed: Sequence[tuple[URLRecord, float]],
+                     now: float) -> tuple[list[URLRecord], list[URLRecord]]:
+        """A sitemap read at ``now`` lists these fetched pages with their
+        lastmod (``(record, lastmod)``). Returns the pages to fetch now, and
+        those whose ``extra`` this call wrote (to be saved). Here: every page
+        whose lastmod dates a change after its last fetch is due now, and
+        nothing is written."""
+        return [record for record, lastmod in listed if changed_after(lastmod, record.fetch_time, now) > 0], []
 
     @abstractmethod
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:

@@ -54,10 +54,13 @@ def check_claim(extra: MutableMapping[str, Any], changed: bool, anyway: float) -
     (:func:`note_claim`): how far it bears the claim out, as the log
     likelihood ratio of two explanations of the page's lastmod.
 
-    * It dates the page's changes: the page changed (unless the change was
-      outside the extracted fields, :data:`CLAIM_MISS`), or, for the share
-      of the odds that the change came before the last fetch, changed as
-      it would anyway.
+    * It dates the page's changes: the page changed, unless the change was
+      outside the extracted fields (:data:`CLAIM_MISS`), or came before
+      the last fetch (``1 - odds``), and none of its other changes since
+      (as likely as it changes anyway) was in them either. A true claim
+      only adds a change to those the page has anyway: a page that changes
+      at nearly every visit, found changed, says a little "true", never
+      "false".
     * It moves whatever the page does: the page changed as it would anyway,
       with the odds ``anyway`` that its visits so far give a change since
       the last fetch (their predictive odds, not those of their mean rate:
@@ -71,7 +74,7 @@ def check_claim(extra: MutableMapping[str, Any], changed: bool, anyway: float) -
         return None
     odds = min(max(float(odds), 0.0), 1.0)
     anyway = min(max(anyway, 1e-3), 1.0 - 1e-3)
-    true = odds * (1.0 - CLAIM_MISS) + (1.0 - odds) * anyway
+    true = 1.0 - (1.0 - anyway) * (1.0 - odds * (1.0 - CLAIM_MISS))
     if not changed:
         true, anyway = 1.0 - true, 1.0 - anyway
     evidence = float(extra.get(CLAIMS_KEY, 0.0)) + math.log(true / anyway)

@@ -63,6 +63,7 @@ from urllib.parse import urlsplit
 __all__ = [
     "CHANGED_BINS_KEY",
     "COUNTS_KEY",
+    "LISTED_KEY",
     "PROBE_BINS_KEY",
     "RateDistribution",
     "changed_after",
@@ -71,6 +72,8 @@ __all__ = [
     "counts",
     "granularity",
     "history",
+    "listed_history",
+    "observe_listed",
     "observe_modified",
     "parse_http_date",
     "url_section",
@@ -101,6 +104,12 @@ MODIFIED_KEY = "lm"
 #: would average a change found within hours away among changes found
 #: after weeks.
 PROBE_KEY = "prb"
+#: Key of ``record.extra`` holding what its sitemaps' readings said of the
+#: page's changes: ``[changes, exposure, lastmod]``, the changes the lastmod
+#: dated (the first reading's counted as one, a backward recurrence time),
+#: the time they covered before the current ``lastmod``, and that lastmod
+#: (see :func:`observe_listed`).
+LISTED_KEY = "sml"
 #: Set in ``record.extra`` when a page's Last-Modified proved meaningless.
 MODIFIED_BAD_KEY = "lmx"
 #: Seconds: a Last-Modified closer than this to the response says nothing.
@@ -319,6 +328,59 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
         return True
     obs[2] = max(obs[2], modified)
     return False
+
+
+def observe_listed(extra: MutableMapping[str, Any], lastmod: float, now: float, previous: float | None) -> bool:
+    """A sitemap read at ``now`` lists the page with ``lastmod``;
+    ``previous`` is when it was read before (None: not known). Adds what that
+    says of the page's changes to :data:`LISTED_KEY`; returns whether
+    ``extra`` changed (a lastmod that did not move writes nothing).
+
+    A lastmod only moves forward, so a reading that shows the same one
+    says "no change from it until now", whenever the sitemap was read in
+    between: only a move needs writing, and the time since the current
+    lastmod is added when the observations are used (:func:`listed_history`).
+
+    * First reading: the time since the last change, a backward recurrence
+      time, as a page's first ``Last-Modified`` (see :func:`observe_modified`).
+    * A move: a change at the new lastmod, and none from the old one until
+      the reading before this one (the last that showed it; without it,
+      until the new lastmod, a slight excess when changes come faster than
+      the readings). Between that reading and the new lastmod changes may
+      have come unseen: that time counts for nothing.
+
+    A coarse lastmod (a date without its hour, :func:`granularity`) is taken
+    at the end of its window. A lastmod within a minute of the reading is
+    most likely the time the sitemap was generated, and counts for nothing,
+    as such a Last-Modified does."""
+    if lastmod > now or now - lastmod < RENDERED:
+        return False
+    lastmod = _window_end(lastmod, now)
+    obs = extra.get(LISTED_KEY)
+    if obs is None:
+        extra[LISTED_KEY] = [1, 0.0, lastmod]
+        return True
+    old = float(obs[2])
+    if lastmod <= old:
+        return False
+    held = lastmod if previous is None else min(max(previous, old), lastmod)
+    obs[0] += 1
+    obs[1] += held - old
+    obs[2] = lastmod
+    return True
+
+
+def listed_history(seen: History, extra: MutableMapping[str, Any], until: float) -> History | None:
+    """``seen`` (a page's :func:`history`) with its sitemap observations
+    (:data:`LISTED_KEY`) in place of its Last-Modified ones, the lastmod held
+    until ``until`` (the latest reading of the site's sitemaps); None
+    without any. The lastmod's changes and those of the header are the same
+    changes: counted together they would count twice."""
+    obs = extra.get(LISTED_KEY)
+    if obs is None:
+        return None
+    exposure = float(obs[1]) + max(0.0, until - float(obs[2]))
+    return (*seen[:4], int(obs[0]), exposure, 1, *seen[7:9], 0, 0.0, 0.0, *seen[12:])
 
 
 def _count_change(obs: list[Any], lo: float, hi: float, now: float) -> float:

@@ -27,13 +27,18 @@ from vertical.durations import parse_duration
 from vertical.policies.base import FetchSchedule
 from vertical.policies.claims import CLAIM_KEY, CLAIMS_KEY, SitemapTruth, check_claim, note_claim
 from vertical.policies.estimate import (
+    LISTED_KEY,
     MODIFIED_BAD_KEY,
+    RENDERED,
+    History,
     RateDistribution,
     changed_after,
     cho_irregular,
     counts,
     history,
+    listed_history,
     observe,
+    observe_listed,
     observe_modified,
     observe_probe,
     parse_http_date,
@@ -226,6 +231,7 @@ class OptimalSchedule(FetchSchedule):
     """
 
     name = "optimal"
+    sitemap_keys = (CLAIM_KEY, LISTED_KEY, RATE_KEY)
 
     def __init__(
         self,
@@ -284,6 +290,10 @@ class OptimalSchedule(FetchSchedule):
         self.probe_lateness = 0.0
         #: What fetches said of the site's sitemap lastmods (see :meth:`sitemap_trust`).
         self.sitemap_truth = SitemapTruth()
+        #: When the site's sitemaps were last read (by this process or, as of
+        #: its start, any before): a lastmod shown then held until then.
+        self.sitemap_read_at = 0.0
+        self._read_before: float | None = None  # the reading before the latest
         #: Host -> its own price of a fetch, for the hosts whose politeness binds.
         self.host_mu: dict[str, float] = {}
         self.max_share = float(max_share)
@@ -312,6 +322,10 @@ class OptimalSchedule(FetchSchedule):
         fastest = self.min_delay if self.min_delay > 0 else slowest / 1e6
         self.population = RateDistribution(0.1 / slowest, 10.0 / fastest) if population else None
         self._rng = random.Random(0)  # sampling in learn(): the same runs give the same schedule
+        #: The site's distribution learned from its pages' visits alone, when
+        #: a sitemap's lastmods are learned from too (see :meth:`learn`).
+        self._visited: RateDistribution | None = None
+        self._visited_rng = random.Random(0)
         #: At most this many sections keep a distribution of their own (0: none).
         self.families = int(families) if population else 0
         self.family_depth = int(family_depth)
@@ -345,7 +359,7 @@ class OptimalSchedule(FetchSchedule):
         if cached is not None:
             return float(cached)
         prior = self.prior(record)
-        return prior.mean(prior.posterior(*history(record.extra)))
+        return prior.mean(self.posterior(record, prior))
 
     def prior(self, record: URLRecord) -> RateDistribution:
         """The distribution ``record``'s posterior starts from: its URL
@@ -363,12 +377,18 @@ class OptimalSchedule(FetchSchedule):
         Returns the number of pages that told something (visited twice)."""
         if self.population is None:
             return 0
-        if not self.families:
-            histories = (history(r.extra) for r in records if not self.is_hub(r))
-            return self.population.fit(histories, iterations, sample, self._rng)
         docs = [r for r in records if not self.is_hub(r)]
-        used = self.population.fit((history(r.extra) for r in docs), iterations, sample, self._rng)
-        self._learn_families(docs, iterations)
+        used = self.population.fit((self._history(r) for r in docs), iterations, sample, self._rng)
+        if any(LISTED_KEY in r.extra for r in docs):
+            # What the visits alone say, to check the sitemap's claims
+            # against: checked against a distribution learned from the
+            # claims, a sitemap that stamps every page would look true.
+            visited = self._visited or self.population.like()
+            visited.static_age = self.population.static_age
+            visited.fit((history(r.extra) for r in docs), iterations, sample, self._visited_rng)
+            self._visited = visited
+        if self.families:
+            self._learn_families(docs, iterations)
         return used
 
     def _learn_families(self, docs: Sequence[URLRecord], iterations: int) -> None:
@@ -383,7 +403,7 @@ class OptimalSchedule(FetchSchedule):
             if r.visits < 2:
                 at_prior[key] += 1
             if key is not None:
-                groups.setdefault(key, []).append(history(r.extra))
+                groups.setdefault(key, []).append(self._history(r))
         # Bounded: the sections with most pages (in this sample, else as last
         # stored; by name on ties, so the same runs keep the same ones).
         ranked = {**self.family_pages, **{k: n for k, n in pages.items() if k is not None}}
@@ -538,6 +558,44 @@ class OptimalSchedule(FetchSchedule):
             return math.inf if gain > 0 else 0.0
         return gain / price
 
+    def sitemap_read(self, listed: Sequence[tuple[URLRecord, float]],
+                     now: float) -> tuple[list[URLRecord], list[URLRecord]]:
+        """A sitemap read at ``now`` lists these fetched pages with their
+        lastmod. Each lastmod that moved is a change observation
+        (:func:`~vertical.policies.estimate.observe_listed`), which the page's
+        posterior weighs by the odds that it dates the page's changes
+        (:meth:`posterior`); one that moved since the page's last fetch is
+        also a claim (:meth:`sitemap_moved`). Returns the pages to fetch now
+        and those whose ``extra`` this call wrote."""
+        if now - self.sitemap_read_at > 3600.0:
+            # A new reading; the sitemaps of an index come within the hour.
+            self._read_before = self.sitemap_read_at or None
+        previous = self._read_before
+        self.sitemap_read_at = max(self.sitemap_read_at, now)
+        written: dict[int, URLRecord] = {}
+        moved = []
+        for record, lastmod in listed:
+            if record.extra.get(MODIFIED_BAD_KEY) or now - lastmod < RENDERED:
+                # Its dates move without its content, or this one is the time
+                # the sitemap was generated (on request): no claim, no change.
+                continue
+            if self.sitemap_truth.pages >= TRUST_AFTER and self.sitemap_trust(record) < TRUST_FLOOR:
+                # Not weighed (see posterior): not kept either, or a sitemap
+                # that stamps every page would write every record each reading.
+                if record.extra.pop(LISTED_KEY, None) is not None:
+                    written[id(record)] = record
+            elif observe_listed(record.extra, lastmod, now, previous):
+                if not self.is_hub(record) and self.population is not None:
+                    # What set_budget weighs it at, with what the sitemap said.
+                    record.extra[RATE_KEY] = self.prior(record).mean(self.posterior(record))
+                written[id(record)] = record
+            if changed_after(lastmod, record.fetch_time, now) > 0:
+                moved.append((record, lastmod))
+        due, claimed = self.sitemap_moved(moved, now)
+        for record in claimed:
+            written[id(record)] = record
+        return due, list(written.values())
+
     def sitemap_moved(self, moved: Sequence[tuple[URLRecord, float]],
                       now: float) -> tuple[list[URLRecord], list[URLRecord]]:
         """A sitemap read at ``now`` dates a change of each of these pages
@@ -549,6 +607,10 @@ class OptimalSchedule(FetchSchedule):
         forward: those a fetch buys most for."""
         claimed: list[URLRecord] = []
         worth: list[tuple[float, URLRecord]] = []
+        # Until the site's lastmods were checked, a few claims are fetched
+        # to check them, worth their price or not: what the site's sitemap
+        # is worth is learned once, for every page and every reading to come.
+        learning = self.lastmod_due == "worth" and self.sitemap_truth.pages < TRUST_AFTER
         for record, modified in moved:
             if record.extra.get(MODIFIED_BAD_KEY):
                 # Its Last-Modified proved meaningless, and its lastmod is
@@ -565,9 +627,9 @@ class OptimalSchedule(FetchSchedule):
                     worth.append((1.0, record))
                 continue
             value = self._sitemap_worth(record, odds, rate, now)
-            if value > 1.0:
+            if value > 1.0 or (learning and value > 0):
                 worth.append((value, record))
-        if self.lastmod_due == "worth" and self.sitemap_truth.pages < TRUST_AFTER:
+        if learning:
             worth = nlargest(TRUST_AFTER, worth, key=lambda pair: pair[0])
         return [record for _, record in worth], claimed
 
@@ -576,9 +638,45 @@ class OptimalSchedule(FetchSchedule):
         visits so far (before this one's observations)."""
         if self.population is None or self.is_hub(record):
             return -math.expm1(-self.rate(record) * interval)
-        prior = self.prior(record)
+        prior = self._visited or self.prior(record)
         posterior = prior.posterior(*history(record.extra))
         return 1.0 - math.fsum(p * math.exp(-r * interval) for p, r in zip(posterior, prior.rates))
+
+    def posterior(self, record: URLRecord, prior: RateDistribution | None = None) -> list[float]:
+        """``record``'s posterior over the rates of ``prior`` (default: its
+        own, :meth:`prior`): by its visits and, with the odds that its
+        sitemap lastmod dates its changes (:meth:`sitemap_trust`), by its
+        sitemaps' readings too: the mixture of the two explanations of its
+        lastmod, as the claims are checked."""
+        prior = prior or self.prior(record)
+        seen = history(record.extra)
+        visits = prior.posterior(*seen)
+        told = self._told(record, seen)
+        if told is None:
+            return visits
+        trust = self.sitemap_trust(record)
+        if trust < TRUST_FLOOR:
+            return visits
+        listed = prior.posterior(*told)
+        return [trust * a + (1.0 - trust) * b for a, b in zip(listed, visits, strict=True)]
+
+    def _told(self, record: URLRecord, seen: History) -> History | None:
+        """``seen`` with what the sitemaps said of ``record`` (None: nothing)."""
+        if record.extra.get(MODIFIED_BAD_KEY) or self.sitemap_truth.pages < TRUST_AFTER:
+            # Until the site's claims were checked, what its lastmods say is
+            # not weighed: a sitemap that stamps every page would make them
+            # all look like pages that change daily.
+            return None
+        return listed_history(seen, record.extra, self.sitemap_read_at)
+
+    def _history(self, record: URLRecord) -> History:
+        """What the site's distribution is fitted to for ``record``: its
+        observations, its sitemaps' among them if they are more likely true
+        than not."""
+        seen = history(record.extra)
+        if LISTED_KEY in record.extra and self.sitemap_trust(record) > 0.5:
+            return self._told(record, seen) or seen
+        return seen
 
     def sitemap_trust(self, record: URLRecord) -> float:
         """The odds that ``record``'s sitemap lastmod dates its changes: the
@@ -650,7 +748,7 @@ class OptimalSchedule(FetchSchedule):
         prior = self.prior(record)
         seen = history(record.extra)
         changes = seen[0] + seen[7]  # found by regular visits and by probes
-        posterior = prior.posterior(*seen)
+        posterior = self.posterior(record, prior)
         # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = prior.mean(posterior)
         interval = bayes_interval(prior.rates, posterior, mu, self.shortest, self.longest)
@@ -688,7 +786,7 @@ class OptimalSchedule(FetchSchedule):
         # Lateness too: a run of another mode starts where the last one
         # left it, or each would weigh its probes as if it were on time.
         state: dict[str, Any] = {"mu": self.mu, "lateness": self.lateness, "probe_lateness": self.probe_lateness,
-                                 "sitemap_truth": self.sitemap_truth.state()}
+                                 "sitemap_truth": self.sitemap_truth.state(), "sitemap_read_at": self.sitemap_read_at}
         if self.population is not None:
             state["population"] = list(self.population.weights)
             state["static_age"] = self.population.static_age
@@ -714,6 +812,7 @@ class OptimalSchedule(FetchSchedule):
                 merged[key] = (float(stored.get(key, current[key])) + current[key]) / 2
             except (TypeError, ValueError):
                 merged[key] = current[key]
+        merged["sitemap_read_at"] = max(float(stored.get("sitemap_read_at") or 0.0), self.sitemap_read_at)
         # Each process adds what its fetches checked.
         merged["sitemap_truth"] = self.sitemap_truth.merge(
             stored.get("sitemap_truth"), opened.get("sitemap_truth") if isinstance(opened, dict) else None)
@@ -740,6 +839,7 @@ class OptimalSchedule(FetchSchedule):
         self.mu = float(state.get("mu", self.mu))
         self.lateness = float(state.get("lateness", self.lateness))
         self.probe_lateness = float(state.get("probe_lateness", self.probe_lateness))
+        self.sitemap_read_at = max(self.sitemap_read_at, float(state.get("sitemap_read_at") or 0.0))
         if "sitemap_truth" in state:
             self.sitemap_truth = SitemapTruth.from_state(state["sitemap_truth"])
         weights = state.get("population")

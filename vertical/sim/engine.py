@@ -29,7 +29,6 @@ import numpy as np
 
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.base import FetchSchedule, PriorityPolicy
-from vertical.policies.estimate import changed_after
 from vertical.policies.oracle import OracleSchedule, optimal_frequency, solve_mu, solve_mu_hosts
 from vertical.record import URLRecord
 from vertical.sim.scenario import Scenario
@@ -38,6 +37,8 @@ from vertical.sim.site import Site
 __all__ = ["FetchLog", "PolicySpec", "policy_specs", "simulate"]
 
 DAY = 86400.0
+#: A site that stamps its pages with its build builds at 03:00 (in days).
+BUILT_AT = 0.125
 #: Budget left in a tick with nothing due goes, as in the crawler, to the
 #: pages due soonest, up to the scenario's ``refetch.ahead`` before their
 #: due time; what is still left is lost (a paced crawl loses idle tokens).
@@ -262,10 +263,12 @@ def simulate(
     def published(i: int, t: float) -> float:
         """Page ``i``'s Last-Modified at time ``t`` (days)."""
         if publishes[i] == 2:
-            return t
+            # Rendered on request, or stamped by the site's last build.
+            return t if not build else math.floor((t - BUILT_AT) / build) * build + BUILT_AT
         c = bisect_right(ct, t, off[i], off[i + 1])
         return ct[c - 1] - lag[c - 1] if c > off[i] else born_modified[i]
 
+    build = scn.lastmod.get("build_hours", 0.0) / 24.0
     headers = publishes is not None and scn.lastmod.get("header", 1.0) > 0
     sitemap_every = scn.lastmod.get("sitemap_hours", 0.0) / 24.0 if publishes is not None and not oracle else 0.0
     next_sitemap = 0.0
@@ -276,15 +279,9 @@ def simulate(
         the schedule says which are worth fetching now (the crawler's
         Scheduler.sitemap_entries)."""
         now_s = now * DAY
-        moved = []
-        for rec in documents:
-            i = rec.fingerprint
-            if not rec.visits or not publishes[i]:
-                continue
-            modified = published(i, now) * DAY
-            if changed_after(modified, rec.fetch_time, now_s):
-                moved.append((rec, modified))
-        for rec in schedule.sitemap_moved(moved, now_s)[0]:
+        listed = [(rec, published(rec.fingerprint, now) * DAY) for rec in documents
+                  if rec.visits and publishes[rec.fingerprint]]
+        for rec in schedule.sitemap_read(listed, now_s)[0]:
             if rec.next_fetch <= now_s:
                 continue
             rec.next_fetch = now_s

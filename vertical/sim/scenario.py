@@ -29,7 +29,9 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
 header: the time of their last change, or (``lag_days``) that time cut to a
 multiple of ``lag_days`` (1: a date without its hour), or for
 ``bogus_share`` of them the time of the request (a page rendered on every
-request). The others send none.
+request), or with ``build_hours`` the time of the site's last build (builds
+at 03:00 and every ``build_hours`` after, which date every page whether it
+changed or not). The others send none.
 With ``sitemap_hours`` the same pages are listed in a sitemap with that
 lastmod, read every so many hours (a fetch not counted against the budget).
 With ``header: false`` the pages send no header and only the sitemap dates
@@ -105,8 +107,8 @@ class Scenario:
     scent_delta_s: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     tick_minutes: float = 15.0
     lastmod: Mapping[str, float] = field(
-        default_factory=lambda: {"share": 0.0, "lag_days": 0.0, "bogus_share": 0.0, "sitemap_hours": 0.0,
-                                 "header": 1.0}
+        default_factory=lambda: {"share": 0.0, "lag_days": 0.0, "bogus_share": 0.0, "build_hours": 0.0,
+                                 "sitemap_hours": 0.0, "header": 1.0}
     )
     #: ``(share, delay_s)`` per host; empty: one host, no politeness limit.
     hosts_politeness: tuple[tuple[float, float], ...] = ()
@@ -305,12 +307,14 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             raise ScenarioError("hosts: the shares must add up to 1")
         kw["hosts_politeness"] = tuple(hosts)
     if "lastmod" in data:
-        lm = _mapping(data["lastmod"], "lastmod", {"share", "lag_days", "bogus_share", "sitemap_hours", "header"})
+        lm = _mapping(data["lastmod"], "lastmod",
+                      {"share", "lag_days", "bogus_share", "build_hours", "sitemap_hours", "header"})
         if lm.get("header", True) not in (True, False):  # 1.0 and 0.0 as results.json writes them
             raise ScenarioError(f"lastmod.header: expected true or false, got {lm['header']!r}")
         kw["lastmod"] = {"share": _number(lm.get("share", 1.0), "lastmod.share", low=0, high=1),
                          "lag_days": _number(lm.get("lag_days", 0.0), "lastmod.lag_days", low=0),
                          "bogus_share": _number(lm.get("bogus_share", 0.0), "lastmod.bogus_share", low=0, high=1),
+                         "build_hours": _number(lm.get("build_hours", 0.0), "lastmod.build_hours", low=0),
                          "sitemap_hours": _number(lm.get("sitemap_hours", 0.0), "lastmod.sitemap_hours", low=0),
                          "header": float(lm.get("header", True))}
     if "sections" in data:
