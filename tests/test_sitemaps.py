@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from scrapy.http import Response, XmlResponse
@@ -32,6 +33,8 @@ from tests.test_robots import small_site as small_site_server
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite, step_date
+from vertical.frontier import open_frontier
+from vertical.policies.estimate import LISTED_KEY
 from vertical.policies.refetch import TRUST_AFTER
 from vertical.sitemaps import granted, lastmod_time, read_sitemap, reading_done, sitemap_body, take_reading
 
@@ -538,3 +541,13 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path
     lastmods = json.loads(status.stdout)["sites"]["stamped"]["sitemaps"]["lastmods"]
     assert lastmods["checked"] >= (len(fetched[0]) if sitemap == "lies" else 8)
     assert (lastmods["truthful"] < 0.1) if sitemap == "lies" else (lastmods["truthful"] > 0.9)
+    # What the readings said of each page's changes is kept on its record:
+    # none of a sitemap that proved false; of one that tells, a change at
+    # each move (the first reading of a page counts its last change).
+    with open_frontier(store) as frontier:
+        listed = {urlsplit(r.url).path: r.extra.get(LISTED_KEY) for r in frontier.iter_records("stamped")}
+    if sitemap == "lies":
+        assert not any(listed[p] for p in paths), listed
+    else:
+        assert all(listed[p][0] >= 2 for p in paths[12:16]), listed
+        assert all(listed[p][0] == 1 and listed[p][2] == pytest.approx(start - DAY) for p in paths[16:]), listed

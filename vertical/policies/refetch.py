@@ -72,6 +72,9 @@ TRUST_AFTER = 20
 #: fetch: the price of a fetch prices the crawl's budget, not the site's
 #: patience, and with a budget that only politeness bounds it is nothing.
 TRUST_FLOOR = 0.1
+#: Seconds: sitemaps read within this time of each other are one reading
+#: (those of an index), for the time since the reading before.
+ONE_READING = 3600.0
 
 
 class FixedSchedule(FetchSchedule):
@@ -567,8 +570,7 @@ class OptimalSchedule(FetchSchedule):
         (:meth:`posterior`); one that moved since the page's last fetch is
         also a claim (:meth:`sitemap_moved`). Returns the pages to fetch now
         and those whose ``extra`` this call wrote."""
-        if now - self.sitemap_read_at > 3600.0:
-            # A new reading; the sitemaps of an index come within the hour.
+        if now - self.sitemap_read_at > ONE_READING:
             self._read_before = self.sitemap_read_at or None
         previous = self._read_before
         self.sitemap_read_at = max(self.sitemap_read_at, now)
@@ -579,13 +581,17 @@ class OptimalSchedule(FetchSchedule):
                 # Its dates move without its content, or this one is the time
                 # the sitemap was generated (on request): no claim, no change.
                 continue
-            if self.sitemap_truth.pages >= TRUST_AFTER and self.sitemap_trust(record) < TRUST_FLOOR:
+            kept = record.extra.get(LISTED_KEY)
+            if kept is not None and lastmod <= kept[2]:
+                pass  # the lastmod did not move: nothing to add, nothing to write
+            elif self.sitemap_truth.pages >= TRUST_AFTER and self.sitemap_trust(record) < TRUST_FLOOR:
                 # Not weighed (see posterior): not kept either, or a sitemap
                 # that stamps every page would write every record each reading.
                 if record.extra.pop(LISTED_KEY, None) is not None:
                     written[id(record)] = record
             elif observe_listed(record.extra, lastmod, now, previous):
-                if not self.is_hub(record) and self.population is not None:
+                if self.sitemap_truth.pages >= TRUST_AFTER and not self.is_hub(record) \
+                        and self.population is not None:
                     # What set_budget weighs it at, with what the sitemap said.
                     record.extra[RATE_KEY] = self.prior(record).mean(self.posterior(record))
                 written[id(record)] = record
@@ -638,6 +644,7 @@ class OptimalSchedule(FetchSchedule):
         visits so far (before this one's observations)."""
         if self.population is None or self.is_hub(record):
             return -math.expm1(-self.rate(record) * interval)
+        # The site's, without sections, once sitemaps are learned from.
         prior = self._visited or self.prior(record)
         posterior = prior.posterior(*history(record.extra))
         return 1.0 - math.fsum(p * math.exp(-r * interval) for p, r in zip(posterior, prior.rates))
