@@ -589,6 +589,11 @@ def test_a_sitemap_reading_writes_only_what_moved():
     assert observe_listed(extra, 15.5 * DAY + at, 16 * DAY, 15 * DAY)
     assert extra[LISTED_KEY] == [2, 5 * DAY - at, 15.5 * DAY + at]  # no change from day 10 to the reading of day 15
     assert not observe_listed(extra, 17 * DAY - 30, 17 * DAY, 16 * DAY)
+    # A lastmod that went back (another generator, a restored page) or is
+    # later than the reading (a skewed clock) says nothing.
+    assert not observe_listed(extra, 12 * DAY + at, 17 * DAY, 16 * DAY)
+    assert not observe_listed(extra, 18 * DAY, 17 * DAY, 16 * DAY)
+    assert extra[LISTED_KEY] == [2, 5 * DAY - at, 15.5 * DAY + at]
     # A date without its hour is taken at the end of its day.
     assert observe_listed(coarse := {}, 10 * DAY, 12 * DAY, None) and coarse[LISTED_KEY][2] == 11 * DAY
     seen = history({})
