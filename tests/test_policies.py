@@ -45,6 +45,7 @@ from vertical.policies.oracle import (
 )
 from vertical.policies.priority import DuePriority, LevelPriority, OpicPriority, ScentPriority, UniformPriority
 from vertical.policies.refetch import (
+    CHECKING_KEY,
     PROBING_KEY,
     RATE_KEY,
     TRUST_AFTER,
@@ -763,6 +764,30 @@ def test_due_serves_entry_pages_then_probes_then_the_longest_overdue(probes):
         rs.append(r)
     order = [r.fingerprint for r in sorted(rs, key=p.effective, reverse=True)]
     assert order == ([3, 2, 1, 0] if probes else [3, 1, 0, 2])
+
+
+def test_a_claim_brought_forward_to_check_the_sitemap_goes_before_the_backlog():
+    """Until the site's lastmods were checked, the pages a reading brings
+    forward carry CHECKING_KEY, and ``due`` serves them as it serves probes
+    (``on_due_now``): at 0.02 fetches a page a day the first pass over a site
+    takes 50 days, and a check behind it would wait as long. The fetch that
+    checks a claim is not counted among the page's visits."""
+    now = 60 * DAY
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=30 * DAY)
+    page = rec_at(rec(1, level=2), 59 * DAY)
+    page.next_fetch, page.extra[RATE_KEY] = 80 * DAY, 1 / (30 * DAY)
+    due, written = s.sitemap_read([(page, 59.5 * DAY + 1234.0)], now)
+    assert due == [page] and page in written and CHECKING_KEY in page.extra  # not worth its price, but checked
+    backlog = rec(2, level=2)
+    backlog.visits, backlog.next_fetch = 1, 20 * DAY  # forty days overdue
+    p = DuePriority()
+    page.next_fetch = now
+    p.on_due_now(page)
+    p.on_fetched(backlog, 0.0, ())
+    assert p.effective(page) > p.effective(backlog)
+    s.set_fetched(page, now + 3600, changed=True)
+    assert CHECKING_KEY not in page.extra and counts(page.extra) == (0, 0, 0.0, 0.0)
+    assert s.sitemap_truth.pages == 1
 
 
 def test_due_serves_announced_pages_first_until_their_first_fetch():

@@ -610,13 +610,17 @@ class FrontierScheduler(BaseScheduler):
             self.stats.inc_value("vertical/sitemap/lastmod_left", moved - len(due))
             if not due and not written:
                 return 0
-            return self._call(write, written, [r.fingerprint for r in due]).addCallback(lambda _: brought(len(due)))
+            for record in due:  # their priority as pages due now
+                record.next_fetch = min(record.next_fetch, now)
+                self.priority.on_due_now(record)
+            changed = list({id(r): r for r in (*written, *due)}.values())
+            return self._call(write, changed, [r.fingerprint for r in due]).addCallback(lambda _: brought(len(due)))
 
-        def write(written: list[URLRecord], due: list[int]) -> None:  # on the store thread
+        def write(changed: list[URLRecord], due: list[int]) -> None:  # on the store thread
             # What the reading taught first, so that a page fetched at once
             # has its claim checked.
-            if written:
-                self.frontier.save_priorities(site, written, self.schedule.sitemap_keys)
+            if changed:
+                self.frontier.save_priorities(site, changed, self.schedule.sitemap_keys)
             # make_due leaves alone a page fetched after `now`: one another
             # process fetched since the read above is not brought forward.
             if due:

@@ -143,6 +143,11 @@ class PriorityPolicy(ABC):
         records of the page's links (known or new) whose priority may change
         (OPIC credit); the caller saves every record it passes in."""
 
+    def on_due_now(self, record: URLRecord) -> None:
+        """``record``, known, was brought forward to be fetched now (its
+        ``next_fetch`` is now: a sitemap dated a change): its priority may
+        change. Here it does not."""
+
     def effective(self, record: URLRecord) -> float:
         """The priority to compare now (policies with a global offset add it)."""
         return record.priority

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vertical.policies.base import PriorityPolicy
-from vertical.policies.refetch import PROBING_KEY
+from vertical.policies.refetch import CHECKING_KEY, PROBING_KEY
 from vertical.record import URLRecord
 
 __all__ = ["DuePriority", "LevelPriority", "OpicPriority", "ScentPriority", "UniformPriority"]
@@ -59,7 +59,10 @@ class DuePriority(PriorityPolicy):
     :data:`~vertical.policies.refetch.PROBING_KEY`) goes before the other
     due pages, after the entry pages: its answer teaches only at the
     interval it was asked for, and a crawl running days behind its due
-    times would serve it days late, when any page has changed."""
+    times would serve it days late, when any page has changed. So does a
+    page brought forward to check whether the site's sitemap lastmods tell
+    the truth (:data:`~vertical.policies.refetch.CHECKING_KEY`): until they
+    are checked the sitemap is worth nothing, however long the backlog."""
 
     name = "due"
 
@@ -73,7 +76,7 @@ class DuePriority(PriorityPolicy):
     def _set(self, record: URLRecord) -> None:
         if record.level <= self.levels and (record.level == 0 or not record.visits):
             boost = LEVEL_SPAN
-        elif self.probes and PROBING_KEY in record.extra:
+        elif self.probes and (PROBING_KEY in record.extra or CHECKING_KEY in record.extra):
             boost = LEVEL_SPAN / 2
         else:
             boost = 0.0
@@ -83,6 +86,9 @@ class DuePriority(PriorityPolicy):
         self._set(record)
 
     def on_fetched(self, record: URLRecord, harvest: float, outlinks: Iterable[URLRecord]) -> None:
+        self._set(record)
+
+    def on_due_now(self, record: URLRecord) -> None:
         self._set(record)
 
 

@@ -64,6 +64,9 @@ DAY = 86400.0
 RATE_KEY = "rate"
 #: Set in ``record.extra`` when the next visit of a page is a probe.
 PROBING_KEY = "probing"
+#: Set in ``record.extra`` when the next visit of a page checks its sitemap
+#: claim while the site's lastmods are not yet known to be true or false.
+CHECKING_KEY = "checking"
 #: Until fetches checked the sitemap claims of this many of a site's pages,
 #: one reading brings forward at most this many: a sitemap that dates every
 #: page "now" would otherwise make the whole site due at its first reading.
@@ -234,7 +237,7 @@ class OptimalSchedule(FetchSchedule):
     """
 
     name = "optimal"
-    sitemap_keys = (CLAIM_KEY, LISTED_KEY, RATE_KEY)
+    sitemap_keys = (CLAIM_KEY, CHECKING_KEY, LISTED_KEY, RATE_KEY)
 
     def __init__(
         self,
@@ -584,7 +587,7 @@ class OptimalSchedule(FetchSchedule):
             kept = record.extra.get(LISTED_KEY)
             if kept is not None and lastmod <= kept[2]:
                 pass  # the lastmod did not move: nothing to add, nothing to write
-            elif self.sitemap_truth.pages >= TRUST_AFTER and self.sitemap_trust(record) < TRUST_FLOOR:
+            elif self.sitemap_trust(record) < TRUST_FLOOR:
                 # Not weighed (see posterior): not kept either, or a sitemap
                 # that stamps every page would write every record each reading.
                 if record.extra.pop(LISTED_KEY, None) is not None:
@@ -614,8 +617,9 @@ class OptimalSchedule(FetchSchedule):
         claimed: list[URLRecord] = []
         worth: list[tuple[float, URLRecord]] = []
         # Until the site's lastmods were checked, a few claims are fetched
-        # to check them, worth their price or not: what the site's sitemap
-        # is worth is learned once, for every page and every reading to come.
+        # to check them, worth their price or not, and before the other due
+        # pages (CHECKING_KEY, as probes): what the site's sitemap is worth
+        # is learned once, for every page and every reading to come.
         learning = self.lastmod_due == "worth" and self.sitemap_truth.pages < TRUST_AFTER
         for record, modified in moved:
             if record.extra.get(MODIFIED_BAD_KEY):
@@ -637,6 +641,12 @@ class OptimalSchedule(FetchSchedule):
                 worth.append((value, record))
         if learning:
             worth = nlargest(TRUST_AFTER, worth, key=lambda pair: pair[0])
+            noted = {id(record) for record in claimed}
+            for _, record in worth:
+                if CHECKING_KEY not in record.extra:
+                    record.extra[CHECKING_KEY] = 1
+                    if id(record) not in noted:
+                        claimed.append(record)
         return [record for _, record in worth], claimed
 
     def _changed_anyway(self, record: URLRecord, interval: float) -> float:
@@ -724,6 +734,7 @@ class OptimalSchedule(FetchSchedule):
             modified = parse_http_date(record.last_modified)
             counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
         probed = record.extra.pop(PROBING_KEY, None)
+        checking = record.extra.pop(CHECKING_KEY, None)
         if anyway is not None:
             if record.extra.get(MODIFIED_BAD_KEY):
                 record.extra.pop(CLAIM_KEY)  # its dates move without its content: unheeded, unchecked
@@ -742,7 +753,10 @@ class OptimalSchedule(FetchSchedule):
                 self.probe_lateness += 0.05 * (late - self.probe_lateness)
             else:
                 self.lateness += 0.01 * (late - self.lateness)
-        if not first and not counted:
+        # A visit made to check a claim is not counted: the pages visited
+        # twice early would be just those, a day or so apart, and the site's
+        # distribution fitted to them alone (as with first visits in pairs).
+        if not first and not counted and not checking:
             if probed and changed:
                 observe_probe(record.extra, now - record.fetch_time)
             else:

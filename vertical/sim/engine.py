@@ -285,7 +285,7 @@ def simulate(
             if rec.next_fetch <= now_s:
                 continue
             rec.next_fetch = now_s
-            priority.on_discovered(rec, None)  # the priority of a page due now
+            priority.on_due_now(rec)
             heappush(pheap, (-rec.priority, rec.fingerprint))
             queued[rec.fingerprint] = 1
 
