@@ -172,7 +172,7 @@ def test_a_date_without_its_hour_on_the_day_of_the_fetch_brings_the_page(tmp_pat
 
 @pytest.mark.parametrize("lastmod_due", ["always", "never"])
 def test_the_schedule_decides_which_moved_lastmods_are_due(tmp_path, lastmod_due):
-    """With the optimal schedule the sitemap asks ``sitemap_due`` whether a
+    """With the optimal schedule the sitemap asks the schedule whether a
     moved page is worth a fetch now: ``always`` brings every moved film
     forward, ``never`` none (new films come in either way). No page is due
     by its schedule a day later (min 3 days): the config names the sitemap,

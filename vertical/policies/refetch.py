@@ -659,14 +659,16 @@ class OptimalSchedule(FetchSchedule):
         posterior = prior.posterior(*history(record.extra))
         return 1.0 - math.fsum(p * math.exp(-r * interval) for p, r in zip(posterior, prior.rates))
 
-    def posterior(self, record: URLRecord, prior: RateDistribution | None = None) -> list[float]:
+    def posterior(self, record: URLRecord, prior: RateDistribution | None = None,
+                  seen: History | None = None) -> list[float]:
         """``record``'s posterior over the rates of ``prior`` (default: its
-        own, :meth:`prior`): by its visits and, with the odds that its
-        sitemap lastmod dates its changes (:meth:`sitemap_trust`), by its
-        sitemaps' readings too: the mixture of the two explanations of its
-        lastmod, as the claims are checked."""
+        own, :meth:`prior`): by its visits (``seen``, its :func:`history`
+        when the caller has it) and, with the odds that its sitemap lastmod
+        dates its changes (:meth:`sitemap_trust`), by its sitemaps'
+        readings too: the mixture of the two explanations of its lastmod,
+        as the claims are checked."""
         prior = prior or self.prior(record)
-        seen = history(record.extra)
+        seen = seen or history(record.extra)
         visits = prior.posterior(*seen)
         told = self._told(record, seen)
         if told is None:
@@ -769,7 +771,7 @@ class OptimalSchedule(FetchSchedule):
         prior = self.prior(record)
         seen = history(record.extra)
         changes = seen[0] + seen[7]  # found by regular visits and by probes
-        posterior = self.posterior(record, prior)
+        posterior = self.posterior(record, prior, seen)
         # What set_budget weighs this page at until its next visit.
         record.extra[RATE_KEY] = prior.mean(posterior)
         interval = bayes_interval(prior.rates, posterior, mu, self.shortest, self.longest)
