@@ -991,6 +991,47 @@ def test_shared_policy_state_merges_instead_of_last_writer_wins():
     assert schedule.merge_state(theirs, {**mine, "mu": 0.0})["mu"] == pytest.approx(mine["mu"] * 2)
 
 
+
+def test_policy_state_saved_now_and_then_counts_each_step_once():
+    """A crawl merges its policies' state into the store now and then, not
+    only at close (a killed crawl keeps what it learned up to its last
+    save), each save taking what it merged as the base of the next. Two
+    processes saving in turn, several times each: the stored scent step and
+    the sitemap's checked claims count every step and every check once."""
+    import json
+
+    def save(policy, store, key, opened):  # as FrontierScheduler._save_state does
+        current = json.loads(json.dumps(policy.state()))
+        store[key] = policy.merge_state(store.get(key), opened.get(key), current)
+        opened[key] = current
+
+    store = {"priority": {"step": 100}}
+    kw = {"initial": DAY, "min_delay": 3600, "max_delay": 30 * DAY, "mu": DAY}
+    procs = []
+    for _ in range(2):
+        scent, schedule = ScentPriority(), OptimalSchedule(**kw)
+        scent.load_state(store["priority"])
+        procs.append(({"priority": scent, "schedule": schedule}, {"priority": store["priority"], "schedule": None}))
+    rng = random.Random(5)
+    steps = checks = 0
+    for turn in range(12):
+        policies, opened = procs[turn % 2]
+        for _ in range(rng.randint(1, 4)):
+            policies["priority"].step += 1
+            steps += 1
+            _claimed(policies["schedule"], rec_at(rec(checks, level=2), 50 * DAY), changed=True)
+            checks += 1
+        for key, policy in policies.items():
+            save(policy, store, key, opened)
+    assert store["priority"]["step"] == 100 + steps
+    assert store["schedule"]["sitemap_truth"]["pages"] == checks
+    # Close after the last saves: nothing new, nothing counted again.
+    for policies, opened in procs:
+        for key, policy in policies.items():
+            save(policy, store, key, opened)
+    assert store["priority"]["step"] == 100 + steps
+    assert store["schedule"]["sitemap_truth"]["pages"] == checks
+
 # -- Last-Modified and the budget's floor ----------------------------------------------
 
 

@@ -551,3 +551,50 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path
     else:
         assert all(listed[p][0] >= 2 for p in paths[12:16]), listed
         assert all(listed[p][0] == 1 and listed[p][2] == pytest.approx(start - DAY) for p in paths[16:]), listed
+
+
+@pytest.mark.parametrize("end", ["kill", "term"])
+def test_what_a_crawl_learned_of_the_sitemap_survives_its_kill(tmp_path, end):
+    """The fetches that check a sitemap's claims teach the site's share of
+    truthful lastmods, which no record holds: a continuous crawl saves it
+    with the store now and then (``VERTICAL_STATE_SAVE``, a second here),
+    so a SIGKILL loses only what it learned since its last save. Eight
+    pages changed and dated since run 1: once they are fetched, the store
+    counts their eight checks while the crawl runs; after a SIGKILL as
+    after a stop, exactly eight (each save adds only what is new)."""
+    start = time.time()
+    paths = [f"/p{i}" for i in range(40)]
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             **{p: (200, page(p, "as first written")) for p in paths}}
+    stamps = dict.fromkeys(paths, start - DAY)
+    pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+    store = f"sqlite:///{tmp_path / 'f.sqlite3'}"
+    changed = paths[:8]
+
+    def checked() -> float:
+        with open_frontier(store) as frontier:
+            state = frontier.get_meta("learned", "schedule.optimal") or {}
+        return state.get("sitemap_truth", {}).get("pages", 0)
+
+    with small_site_server(pages) as server:
+        site = small_site(tmp_path, "learned", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
+                          refetch={"schedule": "optimal", "initial": "3d", "min": "3d"},
+                          politeness={"delay": 0, "concurrency": 2},
+                          documents=[{"name": "doc", "match": r"/p\d+$", "fields": {"text": "//p/text()"}}])
+        crawl(site, store, tmp_path, tag="1")
+        for p in changed:
+            pages[p] = (200, page(p, "changed"))
+            stamps[p] = start + DAY / 2
+        pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+        server.log.clear()
+        proc = start_crawl(site, store, tmp_path, tag="2", args={"mode": "continuous"},
+                           settings={"VERTICAL_TIME_OFFSET": DAY, "VERTICAL_STATE_SAVE": 1})
+        try:
+            wait_for(lambda: set(changed) <= set(server.log), timeout=120)
+            wait_for(lambda: checked() >= len(changed), timeout=60)
+        finally:
+            proc.send_signal(signal.SIGKILL if end == "kill" else signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert proc.returncode == (-signal.SIGKILL if end == "kill" else 0)
+    assert sorted(p for p in server.log if p in stamps) == sorted(changed)
+    assert checked() == len(changed)

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import logging
 import math
 import os
@@ -174,6 +175,9 @@ class FrontierScheduler(BaseScheduler):
         self._seen_saver: task.LoopingCall | None = None
         self._refitter: task.LoopingCall | None = None
         self._seen_saving = False
+        self._state_saver: task.LoopingCall | None = None
+        self._state_saving: Deferred[None] | None = None
+        # Per meta key, the policy's state as this run last read or wrote it.
         self._opened_state: dict[str, Any] = {}
         self._handed_out = 0
         self._per_host: dict[str, int] = {}
@@ -274,15 +278,11 @@ class FrontierScheduler(BaseScheduler):
         self.priority = make_priority(site.priority.policy, **site.priority.params)
         self.lane = lane_for(site, getattr(spider, "lane", None))
         await self._beat()
-        # What the store held when this run loaded it: merged with at close.
-        opened = self._opened_state
-        if state := await call(self.frontier.get_meta, site.name, f"priority.{self.priority.name}"):
-            self.priority.load_state(state)
-        opened["priority"] = state
-        if hasattr(self.schedule, "load_state"):
-            if state := await call(self.frontier.get_meta, site.name, f"schedule.{self.schedule.name}"):
-                self.schedule.load_state(state)
-            opened["schedule"] = state
+        # What the store held when this run loaded it: merged with at each save.
+        for key, policy in self._policies().items():
+            if state := await call(self.frontier.get_meta, site.name, key):
+                policy.load_state(state)
+            self._opened_state[key] = state
         # A host's concurrency and delay before its download slot exists.
         self._concurrency = self._settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN") or 1
         self._delay = self._settings.getfloat("DOWNLOAD_DELAY")
@@ -322,6 +322,9 @@ class FrontierScheduler(BaseScheduler):
         if interval := self._settings.getfloat("VERTICAL_SEEN_SAVE"):
             self._seen_saver = task.LoopingCall(self._save_seen)
             self._seen_saver.start(interval, now=False)
+        if interval := self._settings.getfloat("VERTICAL_STATE_SAVE"):
+            self._state_saver = task.LoopingCall(self._save_state)
+            self._state_saver.start(interval, now=False)
         if self.continuous and (interval := self._settings.getfloat("VERTICAL_REFIT_INTERVAL")):
             self._refitter = task.LoopingCall(self._refit)
             self._refitter.start(interval, now=False)
@@ -464,13 +467,12 @@ class FrontierScheduler(BaseScheduler):
         await self._links()
         await self.commit.flush()
         site = self.site.name
-        # Other processes may have moved the shared state meanwhile: merge.
-        opened = self._opened_state
-        merges = [(f"priority.{self.priority.name}",
-                   lambda stored: self.priority.merge_state(stored, opened.get("priority")))]
-        if hasattr(self.schedule, "state"):
-            merges.append((f"schedule.{self.schedule.name}",
-                           lambda stored: self.schedule.merge_state(stored, opened.get("schedule"))))
+        for loop in (self._seen_saver, self._refitter, self._state_saver):
+            if loop is not None and loop.running:
+                loop.stop()
+        if self._state_saving is not None:
+            await self._state_saving  # its merge must count before this one's
+        merges, _ = self._state_merges()
         allowance = self.allowance
         if allowance is not None and allowance.drawing:
             await self._drawing  # what it brings is given back too
@@ -478,9 +480,6 @@ class FrontierScheduler(BaseScheduler):
             # What this run drew and did not spend goes back to the site.
             merges.append((ALLOWANCE_KEY, partial(draw, want=-allowance.held, now=self.now(),
                                                   per_day=allowance.per_day)))
-        for loop in (self._seen_saver, self._refitter):
-            if loop is not None and loop.running:
-                loop.stop()
 
         def leave() -> None:  # on the store thread, after every write before it
             self.frontier.release(site, self.owner)
@@ -1115,6 +1114,49 @@ class FrontierScheduler(BaseScheduler):
 
     def _beat_done(self, _: Any) -> None:
         self._beating = False
+
+    def _policies(self) -> dict[str, Any]:
+        """The policies whose state the site's processes share, by meta key."""
+        policies: dict[str, Any] = {f"priority.{self.priority.name}": self.priority}
+        if hasattr(self.schedule, "state"):
+            policies[f"schedule.{self.schedule.name}"] = self.schedule
+        return policies
+
+    def _state_merges(self) -> tuple[list[tuple[str, Callable[[Any], Any]]], dict[str, Any]]:
+        """Each policy's merge of its state into the store's (other processes
+        may have moved it since this run last read or wrote it), for
+        ``update_meta`` on the store thread, and the state merged. The state
+        is taken here, on the reactor, where the policies change it."""
+        current = {key: json.loads(json.dumps(policy.state())) for key, policy in self._policies().items()}
+        opened = dict(self._opened_state)
+        merges = [(key, partial(policy.merge_state, opened=opened.get(key), current=current[key]))
+                  for key, policy in self._policies().items()]
+        return merges, current
+
+    def _save_state(self) -> Deferred[None] | None:
+        """Merge what the policies learned into the store now and then, so
+        that a killed crawl loses only what it learned since the last save:
+        the sitemap's claims its fetches checked are in no record. The next
+        merge adds only what was learned after this one."""
+        if self._state_saving is not None or self._closing:
+            return None
+        merges, current = self._state_merges()
+        site = self.site.name
+
+        def save() -> None:  # on the store thread
+            for key, merge in merges:
+                self.frontier.update_meta(site, key, merge)
+
+        def saved(_: Any) -> None:
+            self._opened_state.update(current)
+
+        def done(result: Any) -> None:
+            self._state_saving = None
+            if isinstance(result, Failure):
+                self.store_failed("state", result)
+
+        d = self._state_saving = self._call(save).addCallback(saved)
+        return d.addBoth(done)
 
     def _save_seen(self) -> Deferred[None] | None:
         """Save the seen filter now and then (a killed crawl reopens from

@@ -42,6 +42,11 @@ VERTICAL_SEEN_ERROR_RATE = 0.001
 VERTICAL_SEEN_CACHE = 2**18
 # Seconds between saves of the seen filter with the store (0: at close only).
 VERTICAL_SEEN_SAVE = 600.0
+# Seconds between saves of what the policies learned (the site's change
+# rates, the price of a fetch, the sitemap's checked claims) with the store,
+# merged with other processes' (0: at close only; a killed crawl loses what
+# it learned since its last save).
+VERTICAL_STATE_SAVE = 300.0
 # Seconds between refits of a continuous crawl's schedule to what it learned
 # since it opened: the site's change rates and the price of a fetch (0: at
 # open only; a run of another mode refits when the next one opens).

@@ -158,12 +158,14 @@ class PriorityPolicy(ABC):
     def load_state(self, state: Mapping[str, Any]) -> None:
         pass
 
-    def merge_state(self, stored: Mapping[str, Any] | None, opened: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The state to store at the end of a run, given what the store holds
-        now (``stored``: other processes may have moved it since) and what it
-        held when this run loaded it (``opened``). Counters merge by adding
-        this run's increments (:func:`merge_counters`)."""
-        return merge_counters(stored, opened, self.state())
+    def merge_state(self, stored: Mapping[str, Any] | None, opened: Mapping[str, Any] | None,
+                    current: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The state to store, given what the store holds now (``stored``:
+        other processes may have moved it since) and what this run last read
+        or wrote there (``opened``); ``current`` is this run's
+        :meth:`state`, taken on the reactor (by default: now). Counters merge
+        by adding this run's increments (:func:`merge_counters`)."""
+        return merge_counters(stored, opened, self.state() if current is None else current)
 
 
 def merge_counters(stored: Mapping[str, Any] | None, opened: Mapping[str, Any] | None,

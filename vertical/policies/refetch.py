@@ -819,12 +819,14 @@ class OptimalSchedule(FetchSchedule):
                                  for key, dist in self.family_priors.items()}
         return state
 
-    def merge_state(self, stored: Any, opened: Any) -> dict[str, Any]:
+    def merge_state(self, stored: Any, opened: Any, current: Any = None) -> dict[str, Any]:
         """Several processes fit ``mu`` and the rates from their own samples:
-        when another process wrote its estimates since this run loaded them,
-        the stored state becomes the mean of theirs and this run's, not the
-        last writer's."""
-        current = self.state()
+        when another process wrote its estimates since this run last read or
+        wrote them (``opened``), the stored state becomes the mean of theirs
+        and this run's (``current``, by default :meth:`state` now), not the
+        last writer's; the claims checked add up."""
+        if current is None:
+            current = self.state()
         if not stored or not isinstance(stored, dict) or stored == opened:
             return current  # nobody else wrote since this run loaded it
         merged = dict(stored)
@@ -835,9 +837,9 @@ class OptimalSchedule(FetchSchedule):
                 merged[key] = (float(stored.get(key, current[key])) + current[key]) / 2
             except (TypeError, ValueError):
                 merged[key] = current[key]
-        merged["sitemap_read_at"] = max(float(stored.get("sitemap_read_at") or 0.0), self.sitemap_read_at)
+        merged["sitemap_read_at"] = max(float(stored.get("sitemap_read_at") or 0.0), current["sitemap_read_at"])
         # Each process adds what its fetches checked.
-        merged["sitemap_truth"] = self.sitemap_truth.merge(
+        merged["sitemap_truth"] = SitemapTruth.from_state(current.get("sitemap_truth")).merge(
             stored.get("sitemap_truth"), opened.get("sitemap_truth") if isinstance(opened, dict) else None)
         mine, theirs = current.get("population"), stored.get("population")
         if mine and isinstance(theirs, list) and len(theirs) == len(mine):
