@@ -226,6 +226,24 @@ def test_save_priorities_writes_only_priority_and_the_named_extra_keys(frontier)
     assert [r.fingerprint for r in claim(frontier, "b")] == [rec(1).fingerprint, rec(2).fingerprint]
 
 
+def test_save_priorities_leaves_a_record_fetched_since_the_copy_was_read(frontier):
+    """A sitemap reading writes what it decided from copies read before: a
+    page fetched in between (its fetch_time moved) keeps what its fetch
+    wrote with ``unfetched_only``; one not fetched takes the reading's."""
+    frontier.add([rec(1, extra={"rate": 1.0}), rec(2, extra={"rate": 1.0})])
+    copies = {r.fingerprint: r for r in frontier.get_many(SITE, [rec(1).fingerprint, rec(2).fingerprint]).values()}
+    fetched = dataclasses.replace(copies[rec(1).fingerprint], fetch_time=5000.0, extra={"rate": 2.0}, priority=1.0)
+    frontier.save([fetched])
+    read = [dataclasses.replace(c, priority=7.0, extra={"rate": 3.0, "smc": 0.9}) for c in copies.values()]
+    frontier.save_priorities(SITE, read, extra_keys=["rate", "smc"], unfetched_only=True)
+    one, two = frontier.get(SITE, rec(1).fingerprint), frontier.get(SITE, rec(2).fingerprint)
+    assert (one.priority, one.extra, one.fetch_time) == (1.0, {"rate": 2.0}, 5000.0)
+    assert (two.priority, two.extra) == (7.0, {"rate": 3.0, "smc": 0.9})
+    frontier.save_priorities(SITE, [dataclasses.replace(c, priority=6.0) for c in copies.values()],
+                             unfetched_only=True)
+    assert (frontier.get(SITE, rec(1).fingerprint).priority, frontier.get(SITE, rec(2).fingerprint).priority) == (1.0, 6.0)
+
+
 def test_save_priorities_merges_over_a_concurrent_writer(redis_url, monkeypatch):
     """Redis merges by compare-and-set: another process writing extra between
     the read and the write makes the merge start over, losing neither key."""

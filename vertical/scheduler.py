@@ -616,9 +616,11 @@ class FrontierScheduler(BaseScheduler):
 
         def write(changed: list[URLRecord], due: list[int]) -> None:  # on the store thread
             # What the reading taught first, so that a page fetched at once
-            # has its claim checked.
+            # has its claim checked. Not on a page fetched since the read:
+            # that fetch saw the change, and a claim written after it would
+            # be checked by the next fetch, which finds the page unchanged.
             if changed:
-                self.frontier.save_priorities(site, changed, self.schedule.sitemap_keys)
+                self.frontier.save_priorities(site, changed, self.schedule.sitemap_keys, unfetched_only=True)
             # make_due leaves alone a page fetched after `now`: one another
             # process fetched since the read above is not brought forward.
             if due:

@@ -254,13 +254,16 @@ class Frontier(ABC):
         """Drop the owner's claims (all of them when ``fingerprints`` is None)."""
 
     @abstractmethod
-    def save_priorities(self, site: str, records: Sequence[URLRecord], extra_keys: Iterable[str] = ()) -> None:
+    def save_priorities(self, site: str, records: Sequence[URLRecord], extra_keys: Iterable[str] = (),
+                        unfetched_only: bool = False) -> None:
         """Write ``priority`` of these records and, of their ``extra``, only
         the keys in ``extra_keys``, merged into the stored ``extra`` (a key
         missing from the record's ``extra`` is deleted from the stored one).
         Nothing else is written, so a stale copy cannot overwrite what
         another process fetched or credited; records not stored are not
-        created."""
+        created. With ``unfetched_only``, a record fetched since this copy
+        was read (its stored ``fetch_time`` is another) is left alone: what
+        the copy says was decided before that fetch, which settled it."""
 
     @abstractmethod
     def next_due(self, site: str, now: float, lane: Lane = ALL,

@@ -1648,7 +1648,8 @@ class RedisFrontier(Frontier):
             if read < CHUNK:
                 return woken
 
-    def save_priorities(self, site: str, records: Sequence[URLRecord], extra_keys: Iterable[str] = ()) -> None:
+    def save_priorities(self, site: str, records: Sequence[URLRecord], extra_keys: Iterable[str] = (),
+                        unfetched_only: bool = False) -> None:
         k = self._site(site)
         keys = list(extra_keys)
         layout = self.layout()
@@ -1672,6 +1673,8 @@ class RedisFrontier(Frontier):
                 batch = []
                 for r, fp, old in found:
                     current = _decode(site, fp, old, None, namer)
+                    if unfetched_only and current.fetch_time != r.fetch_time:
+                        continue  # fetched since the copy was read
                     current.priority = r.priority
                     if keys:
                         current.extra = merge_extra(current.extra, r.extra, keys)

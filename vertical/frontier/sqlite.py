@@ -546,23 +546,27 @@ class SQLiteFrontier(Frontier):
                 (now, site, host, state, now),
             ).rowcount
 
-    def save_priorities(self, site: str, records: Sequence[URLRecord], extra_keys: Iterable[str] = ()) -> None:
+    def save_priorities(self, site: str, records: Sequence[URLRecord], extra_keys: Iterable[str] = (),
+                        unfetched_only: bool = False) -> None:
         keys = list(extra_keys)
         with self._transaction() as db:
             if not keys:
-                db.executemany("UPDATE urls SET priority = ? WHERE site = ? AND fp = ?",
-                               [(r.priority, site, r.fingerprint) for r in records])
+                unfetched = " AND fetch_time = ?" if unfetched_only else ""
+                db.executemany(f"UPDATE urls SET priority = ? WHERE site = ? AND fp = ?{unfetched}",
+                               [(r.priority, site, r.fingerprint, *([r.fetch_time] if unfetched_only else []))
+                                for r in records])
                 return
             # Read and write under the write lock: nobody writes in between.
             for chunk in _chunks(records):
-                stored = dict(db.execute(
-                    f"SELECT fp, extra FROM urls WHERE site = ? AND fp IN ({', '.join('?' * len(chunk))})",
+                stored = {fp: (extra, fetch_time) for fp, extra, fetch_time in db.execute(
+                    f"SELECT fp, extra, fetch_time FROM urls WHERE site = ? AND fp IN ({', '.join('?' * len(chunk))})",
                     (site, *(r.fingerprint for r in chunk)),
-                ).fetchall())
+                )}
                 db.executemany("UPDATE urls SET priority = ?, extra = ? WHERE site = ? AND fp = ?", [
-                    (r.priority, _dumps(merge_extra(json.loads(stored[r.fingerprint] or "{}"), r.extra, keys)),
+                    (r.priority, _dumps(merge_extra(json.loads(stored[r.fingerprint][0] or "{}"), r.extra, keys)),
                      site, r.fingerprint)
                     for r in chunk if r.fingerprint in stored
+                    and not (unfetched_only and stored[r.fingerprint][1] != r.fetch_time)
                 ])
 
     def set_meta(self, site: str, key: str, value: Any) -> None:
