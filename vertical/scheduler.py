@@ -1144,20 +1144,21 @@ class FrontierScheduler(BaseScheduler):
             return None
         merges, current = self._state_merges()
         site = self.site.name
+        merged: list[str] = []
 
         def save() -> None:  # on the store thread
             for key, merge in merges:
                 self.frontier.update_meta(site, key, merge)
-
-        def saved(_: Any) -> None:
-            self._opened_state.update(current)
+                merged.append(key)
 
         def done(result: Any) -> None:
+            # Each state merged is the base of its next merge, whatever failed after it.
+            self._opened_state.update((key, current[key]) for key in merged)
             self._state_saving = None
             if isinstance(result, Failure):
                 self.store_failed("state", result)
 
-        d = self._state_saving = self._call(save).addCallback(saved)
+        d = self._state_saving = self._call(save)
         return d.addBoth(done)
 
     def _save_seen(self) -> Deferred[None] | None:
