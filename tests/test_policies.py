@@ -1032,6 +1032,22 @@ def test_policy_state_saved_now_and_then_counts_each_step_once():
     assert store["priority"]["step"] == 100 + steps
     assert store["schedule"]["sitemap_truth"]["pages"] == checks
 
+
+def test_the_first_checked_claims_are_worth_saving_at_once():
+    """Until TRUST_AFTER of a site's pages had their claims checked, each new
+    check makes the schedule's state worth saving now (a run killed before
+    its next periodic save would lose it, and the next reading would bring
+    forward as few pages as before); after that, the periodic save does."""
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=DAY)
+    assert not s.save_now(None)
+    _claimed(s, rec_at(rec(0, level=2), 50 * DAY), changed=True)
+    assert s.save_now(None) and s.save_now({"mu": 1.0})
+    saved = s.state()
+    assert not s.save_now(saved)
+    for i in range(1, TRUST_AFTER + 1):
+        _claimed(s, rec_at(rec(i, level=2), 50 * DAY), changed=True)
+    assert s.sitemap_truth.pages > TRUST_AFTER and not s.save_now(saved)
+
 # -- Last-Modified and the budget's floor ----------------------------------------------
 
 

@@ -553,15 +553,17 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path
         assert all(listed[p][0] == 1 and listed[p][2] == pytest.approx(start - DAY) for p in paths[16:]), listed
 
 
-@pytest.mark.parametrize("end", ["kill", "term"])
-def test_what_a_crawl_learned_of_the_sitemap_survives_its_kill(tmp_path, end):
+@pytest.mark.parametrize(("end", "every"), [("kill", 0), ("term", 1)])
+def test_what_a_crawl_learned_of_the_sitemap_survives_its_kill(tmp_path, end, every):
     """The fetches that check a sitemap's claims teach the site's share of
-    truthful lastmods, which no record holds: a continuous crawl saves it
-    with the store now and then (``VERTICAL_STATE_SAVE``, a second here),
-    so a SIGKILL loses only what it learned since its last save. Eight
-    pages changed and dated since run 1: once they are fetched, the store
-    counts their eight checks while the crawl runs; after a SIGKILL as
-    after a stop, exactly eight (each save adds only what is new)."""
+    truthful lastmods, which no record holds. While the site's first claims
+    are checked, the crawl saves it with the store after each write-back of
+    the checked pages (the schedule's ``save_now``), otherwise every
+    ``VERTICAL_STATE_SAVE`` seconds (off, or a second, here): a SIGKILL
+    loses nothing of it. Eight pages changed and dated since run 1: once
+    they are fetched, the store counts their eight checks while the crawl
+    runs; after a SIGKILL as after a stop, exactly eight (each save adds
+    only what is new)."""
     start = time.time()
     paths = [f"/p{i}" for i in range(40)]
     pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
@@ -588,7 +590,7 @@ def test_what_a_crawl_learned_of_the_sitemap_survives_its_kill(tmp_path, end):
         pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
         server.log.clear()
         proc = start_crawl(site, store, tmp_path, tag="2", args={"mode": "continuous"},
-                           settings={"VERTICAL_TIME_OFFSET": DAY, "VERTICAL_STATE_SAVE": 1})
+                           settings={"VERTICAL_TIME_OFFSET": DAY, "VERTICAL_STATE_SAVE": every})
         try:
             wait_for(lambda: set(changed) <= set(server.log), timeout=120)
             wait_for(lambda: checked() >= len(changed), timeout=60)

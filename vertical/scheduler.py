@@ -1157,6 +1157,8 @@ class FrontierScheduler(BaseScheduler):
             self._state_saving = None
             if isinstance(result, Failure):
                 self.store_failed("state", result)
+            else:
+                self._save_state_if_urgent()  # what was learned while this one was saved
 
         d = self._state_saving = self._call(save)
         return d.addBoth(done)
@@ -1279,9 +1281,17 @@ class FrontierScheduler(BaseScheduler):
         self._stores += 1
 
     def written(self) -> None:
-        """The commit wrote pages back: the engine may ask whether the crawl is over."""
+        """The commit wrote pages back: the engine may ask whether the crawl
+        is over, and what their fetches taught the schedule may be worth
+        saving now (the schedule's ``save_now``)."""
         self._stored()
         self._wake_engine()
+        self._save_state_if_urgent()
+
+    def _save_state_if_urgent(self) -> None:
+        save_now = getattr(self.schedule, "save_now", None)
+        if save_now is not None and save_now(self._opened_state.get(f"schedule.{self.schedule.name}")):
+            self._save_state()
 
     def store_failed(self, what: str, failure: Failure) -> None:
         """A store call failed (the store thread logged nothing): count it and

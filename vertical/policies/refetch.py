@@ -819,6 +819,18 @@ class OptimalSchedule(FetchSchedule):
                                  for key, dist in self.family_priors.items()}
         return state
 
+    def save_now(self, saved: Any) -> bool:
+        """Whether :meth:`state` is worth saving at once rather than at the
+        next periodic save, given the state last saved: while the site's
+        first :data:`TRUST_AFTER` claims are being checked, each check (which
+        no record's write can give back to a run that lost it) decides how
+        many pages the next reading brings forward."""
+        pages = self.sitemap_truth.pages
+        if pages > TRUST_AFTER:
+            return False
+        truth = saved.get("sitemap_truth") if isinstance(saved, dict) else None
+        return pages != SitemapTruth.from_state(truth).pages
+
     def merge_state(self, stored: Any, opened: Any, current: Any = None) -> dict[str, Any]:
         """Several processes fit ``mu`` and the rates from their own samples:
         when another process wrote its estimates since this run last read or
