@@ -1289,6 +1289,7 @@ class FrontierScheduler(BaseScheduler):
         self._save_state_if_urgent()
 
     def _save_state_if_urgent(self) -> None:
+        """Save the policies' state now if the schedule says it is worth it."""
         save_now = getattr(self.schedule, "save_now", None)
         if save_now is not None and save_now(self._opened_state.get(f"schedule.{self.schedule.name}")):
             self._save_state()
