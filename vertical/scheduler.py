@@ -580,11 +580,12 @@ class FrontierScheduler(BaseScheduler):
         since: it is due now, unless the schedule judges the fetch not worth
         its price before the page is due anyway (a page that changes too
         fast to keep fresh, or whose lastmod moves without its content: the
-        schedule's ``sitemap_read``). One whose lastmod did not move keeps its ``next_fetch``:
-        the schedule decides, the sitemap never brings it sooner. A lastmod
-        later than now (a skewed clock) says nothing: taken at its word it
-        would make the page due at every reading. What the lastmods say of
-        each page's changes is the schedule's to keep too. Fires with how many known pages were brought forward."""
+        schedule's ``sitemap_read``). One whose lastmod did not move keeps
+        its ``next_fetch``: the schedule decides, the sitemap never brings
+        it sooner. A lastmod later than now (a skewed clock) says nothing:
+        taken at its word it would make the page due at every reading. What
+        the lastmods say of each page's changes is the schedule's to keep
+        too. Fires with how many known pages were brought forward."""
         entries = list(entries)
         lastmods: dict[int, float] = {}
         now = self.now()
