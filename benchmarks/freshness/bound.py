@@ -26,9 +26,10 @@ programming, joins the mix and gives the bound by weak duality (the best
 value of a page at the prices, plus the price of the budget).
 
 The rates are rounded to bins (``BINS_PER_DECADE``), down to each bin's
-lower edge: freshness falls with the rate, so this rounds the value up;
-Bayes' rule runs on the binned rates, an approximation of the bound at the
-bins' width.
+lower edge: freshness falls with the rate, so this rounds the value up.
+Bayes' rule runs on the binned rates and on the spacing of the two
+fetches' cells: the bound's one approximation, at the bins' and the
+cells' width.
 
 Prints the simulated uniform and oracle freshness for the seed, the bound
 (with the best mix found: the bound can fall no lower than that), and the
@@ -147,14 +148,14 @@ def price_out(info: str, grid: Grid, share: np.ndarray, price: np.ndarray) -> li
     out = []
     if info == "full":
         G, nxt = grid.continuation(price)
-        after = grid.downstream(nxt)
+        downstream = grid.downstream(nxt)
         for b in range(len(lam)):
             count = np.zeros(cells)
             i = int((G[b, :cells] - price).argmax())
             value = float(G[b, i] - price[i])
             if value > 0:
                 count[i] = 1.0
-                count += after[b, i]
+                count += downstream[b, i]
             out.append((b, max(value, 0.0), count))
         return out
     if info == "none":  # one schedule for every page: the pages' mean credit
