@@ -1118,11 +1118,16 @@ class FrontierScheduler(BaseScheduler):
     def _beat_done(self, _: Any) -> None:
         self._beating = False
 
+    @property
+    def _schedule_key(self) -> str:
+        """The meta key of the schedule's shared state."""
+        return f"schedule.{self.schedule.name}"
+
     def _policies(self) -> dict[str, Any]:
         """The policies whose state the site's processes share, by meta key."""
         policies: dict[str, Any] = {f"priority.{self.priority.name}": self.priority}
         if hasattr(self.schedule, "state"):
-            policies[f"schedule.{self.schedule.name}"] = self.schedule
+            policies[self._schedule_key] = self.schedule
         return policies
 
     def _state_merges(self) -> tuple[list[tuple[str, Callable[[Any], Any]]], dict[str, Any]]:
@@ -1292,7 +1297,7 @@ class FrontierScheduler(BaseScheduler):
     def _save_state_if_urgent(self) -> None:
         """Save the policies' state now if the schedule says it is worth it."""
         save_now = getattr(self.schedule, "save_now", None)
-        if save_now is not None and save_now(self._opened_state.get(f"schedule.{self.schedule.name}")):
+        if save_now is not None and save_now(self._opened_state.get(self._schedule_key)):
             self._save_state()
 
     def store_failed(self, what: str, failure: Failure) -> None:

@@ -85,10 +85,11 @@ def rate_bins(rates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class Grid:
     """The page's credit on the time grid, for each rate bin: ``seg[b, i, j]``
     the fresh days in the window between a fetch in cell ``i`` and the next
-    in cell ``j`` (``j == cells``: none before the horizon)."""
+    in cell ``j`` (``j == cells``: none before the horizon); ``mean[i, j]``
+    the same over the bins' ``share`` of the pages."""
 
-    def __init__(self, lam: np.ndarray, step: float, warmup: float, horizon: float) -> None:
-        self.lam, self.step = lam, step
+    def __init__(self, lam: np.ndarray, share: np.ndarray, step: float, warmup: float, horizon: float) -> None:
+        self.lam, self.share, self.step = lam, share, step
         self.cells = cells = int(round(horizon / step))
         start = np.arange(cells + 1) * step  # start[cells] is the horizon
         start[cells] = horizon
@@ -104,20 +105,24 @@ class Grid:
         seg = flat[None] + decay
         seg[:, np.arange(cells)[:, None] >= np.arange(cells + 1)[None, :]] = 0.0  # j <= i: no segment
         self.seg = seg
+        self.mean = np.tensordot(share, seg, axes=1)
 
-    def continuation(self, price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def continuation(self, price: np.ndarray, seg: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``G[b, i]``: the most a page of bin ``b`` fetched in cell ``i`` can
         still earn, less the prices of its further fetches; ``nxt[b, i]`` the
-        cell of its next fetch (``cells``: none)."""
-        cells, seg = self.cells, self.seg
-        G = np.empty((len(self.lam), cells + 1))
+        cell of its next fetch (``cells``: none). With ``seg``, for its rows
+        instead of the bins'."""
+        cells = self.cells
+        seg = self.seg if seg is None else seg
+        rows = len(seg)
+        G = np.empty((rows, cells + 1))
         G[:, cells] = 0.0
-        nxt = np.full((len(self.lam), cells), cells)
+        nxt = np.full((rows, cells), cells)
         priced = np.append(price, 0.0)
         for i in range(cells - 1, -1, -1):
             more = seg[:, i, i + 1:] - priced[i + 1:] + G[:, i + 1:]
             j = more.argmax(axis=1)
-            G[:, i] = more[np.arange(len(self.lam)), j]
+            G[:, i] = more[np.arange(rows), j]
             nxt[:, i] = i + 1 + j
         return G, nxt
 
@@ -135,7 +140,7 @@ class Grid:
         return C[:, :cells]
 
 
-def price_out(info: str, grid: Grid, share: np.ndarray, price: np.ndarray) -> list[tuple[int, float, np.ndarray]]:
+def price_out(info: str, grid: Grid, price: np.ndarray) -> list[tuple[int, float, np.ndarray]]:
     """The best policies of a page at these prices under ``info``: ``bits``
     (two fetches timed blind; the second's bit, changed or not, times the
     third; the rate known from then on), ``full`` (the rate known from day 0:
@@ -143,7 +148,7 @@ def price_out(info: str, grid: Grid, share: np.ndarray, price: np.ndarray) -> li
     value, fetches per cell)``, in expectation over the group's pages, the
     reduced value being the fresh days less the prices paid: the best policy
     of each first cell (the programme takes many at once)."""
-    cells, lam = grid.cells, grid.lam
+    cells, lam, share = grid.cells, grid.lam, grid.share
     priced = np.append(price, 0.0)
     out = []
     if info == "full":
@@ -159,23 +164,16 @@ def price_out(info: str, grid: Grid, share: np.ndarray, price: np.ndarray) -> li
             out.append((b, max(value, 0.0), count))
         return out
     if info == "none":  # one schedule for every page: the pages' mean credit
-        mean_seg = np.tensordot(share, grid.seg, axes=1)
-        mean, nxt = np.zeros(cells + 1), np.full(cells, cells)
-        for i in range(cells - 1, -1, -1):
-            more = mean_seg[i, i + 1:] - priced[i + 1:] + mean[i + 1:]
-            j = int(more.argmax())
-            mean[i], nxt[i] = more[j], i + 1 + j
+        G, nxt = grid.continuation(price, grid.mean[None])
+        downstream = grid.downstream(nxt)
         for i in range(cells):
-            count = np.zeros(cells)
-            count[i] = 1.0
-            k = i
-            while (k := nxt[k]) < cells:
-                count[k] += 1.0
-            out.append((0, float(mean[i] - price[i]), count))
+            count = downstream[0, i].copy()
+            count[i] += 1.0
+            out.append((0, float(G[0, i] - price[i]), count))
         return out
     # bits
     G, nxt = grid.continuation(price)
-    mean_seg = np.tensordot(share, grid.seg, axes=1)
+    mean_seg = grid.mean
     step = grid.step
     best = np.full(cells, -np.inf)  # per first cell: the best value, its second fetch and thirds
     second = np.full(cells, -1)
@@ -225,7 +223,7 @@ def bound(info: str, rates: np.ndarray, created: np.ndarray, capacity: np.ndarra
 
     n = len(rates)
     lam, share = rate_bins(rates)
-    grid = Grid(lam, step, warmup, horizon)
+    grid = Grid(lam, share, step, warmup, horizon)
     cells = grid.cells
     days = len(capacity)
     day_of = np.minimum((np.arange(cells) * step).astype(int), days - 1)
@@ -246,7 +244,7 @@ def bound(info: str, rates: np.ndarray, created: np.ndarray, capacity: np.ndarra
 
     def price_round(mu: np.ndarray) -> float:
         price = mu[day_of]
-        found = price_out(info, grid, share, price)
+        found = price_out(info, grid, price)
         if info == "full":
             by_group = [[f] for f in found]
         else:  # found[i]: the best policy whose first fetch is in cell i
