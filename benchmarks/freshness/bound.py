@@ -1,7 +1,7 @@
 """What no schedule can reach without a change signal (benchmarks/FRESHNESS.md,
 "What a schedule can reach without a change signal").
 
-    python benchmarks/freshness/bound.py SCENARIO BUDGET SEED [--step HOURS] [--checks] [-v]
+    python benchmarks/freshness/bound.py SCENARIO BUDGET SEED [--step HOURS] [--bins N] [--checks] [-v]
 
 A schedule that sees only whether a page changed between two fetches learns
 nothing of the page from its first fetch and one bit from its second. This
@@ -25,7 +25,7 @@ day's fetches; the best policy of a page at those prices, found by dynamic
 programming, joins the mix and gives the bound by weak duality (the best
 value of a page at the prices, plus the price of the budget).
 
-The rates are rounded to bins (``BINS_PER_DECADE``), down to each bin's
+The rates are rounded to ``--bins`` bins a decade (``BINS_PER_DECADE``), down to each bin's
 lower edge: freshness falls with the rate, so this rounds the value up.
 Bayes' rule runs on the binned rates and on the spacing of the two
 fetches' cells: the bound's one approximation, at the bins' and the
@@ -55,7 +55,7 @@ from vertical.sim.engine import policy_specs  # noqa: E402
 from vertical.sim.runner import _job, _site  # noqa: E402
 from vertical.sim.scenario import load_scenario  # noqa: E402
 
-#: Rate bins a decade.
+#: Rate bins a decade, by default.
 BINS_PER_DECADE = 20
 #: Rates above this (a day) share one bin, at this rate: rounding down
 #: credits such a page at most 6 hours of freshness a fetch.
@@ -65,9 +65,9 @@ SMOOTHING = 0.7
 INFOS = ("bits", "full", "none")
 
 
-def rate_bins(rates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Lower edges and shares of the rates' bins (0 for the static pages;
-    ``FAST`` for the pages changing more often)."""
+def rate_bins(rates: np.ndarray, per_decade: int = BINS_PER_DECADE) -> tuple[np.ndarray, np.ndarray]:
+    """Lower edges and shares of the rates' bins, ``per_decade`` a decade (0
+    for the static pages; ``FAST`` for the pages changing more often)."""
     n = len(rates)
     moving = np.minimum(rates[rates > 0], FAST)
     edges, shares = [], []
@@ -75,9 +75,9 @@ def rate_bins(rates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         edges.append(0.0)
         shares.append((n - len(moving)) / n)
     if len(moving):
-        k = np.floor(np.log10(moving) * BINS_PER_DECADE).astype(int)
+        k = np.floor(np.log10(moving) * per_decade).astype(int)
         for b, count in zip(*np.unique(k, return_counts=True)):
-            edges.append(10.0 ** (b / BINS_PER_DECADE))
+            edges.append(10.0 ** (b / per_decade))
             shares.append(count / n)
     return np.array(edges), np.array(shares)
 
@@ -213,16 +213,17 @@ def price_out(info: str, grid: Grid, price: np.ndarray) -> list[tuple[int, float
 
 
 def bound(info: str, rates: np.ndarray, created: np.ndarray, capacity: np.ndarray, step: float, warmup: float,
-          horizon: float, *, rounds: int = 300, tol: float = 2e-4,
+          horizon: float, *, bins: int = BINS_PER_DECADE, rounds: int = 300, tol: float = 2e-4,
           say: Callable[[str], None] | None = None) -> tuple[float, float]:
     """The least upper bound found on the window's mean freshness under
     ``info``, and the best mix of policies found (the bound can fall no
     lower), for pages of ``rates`` created at ``created`` (days) when day
-    ``d``'s fetches are at most ``capacity[d]``."""
+    ``d``'s fetches are at most ``capacity[d]``, rates in ``bins`` bins a
+    decade."""
     from scipy.optimize import linprog
 
     n = len(rates)
-    lam, share = rate_bins(rates)
+    lam, share = rate_bins(rates, bins)
     grid = Grid(lam, share, step, warmup, horizon)
     cells = grid.cells
     days = len(capacity)
@@ -288,11 +289,13 @@ def bound(info: str, rates: np.ndarray, created: np.ndarray, capacity: np.ndarra
 
 
 def main(argv: list[str]) -> None:
-    step_hours = 6.0
-    if "--step" in argv:
-        at = argv.index("--step")
-        step_hours = float(argv[at + 1])
-        argv = argv[:at] + argv[at + 2:]
+    options = {"--step": 6.0, "--bins": BINS_PER_DECADE}
+    for flag, default in options.items():
+        if flag in argv:
+            at = argv.index(flag)
+            options[flag] = type(default)(argv[at + 1])
+            argv = argv[:at] + argv[at + 2:]
+    step_hours, bins = options["--step"], options["--bins"]
     verbose, checks = "-v" in argv, "--checks" in argv
     argv = [a for a in argv if a not in ("-v", "--checks")]
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else None
@@ -316,14 +319,15 @@ def main(argv: list[str]) -> None:
     def closed(x: float) -> str:
         return f"{100.0 * (x - sim['uniform']) / gap:.0f}%"
 
-    print(f"{name} at {budget:g}, seed {seed}: {len(rates)} pages, cells of {step_hours:g} h")
+    print(f"{name} at {budget:g}, seed {seed}: {len(rates)} pages, cells of {step_hours:g} h, "
+          f"{bins} rate bins a decade")
     print(f"  simulated: uniform {sim['uniform']:.4f}, oracle {sim['oracle']:.4f}")
     titles = {"bits": "changed/unchanged bits", "full": "rates known from day 0", "none": "rates never known"}
     for info in INFOS if checks else INFOS[:1]:
         if info == "full" and np.any(created > 0):
             continue
         upper, mix = bound(info, rates, created, capacity, step_hours / 24.0, scn.warmup_days, scn.horizon_days,
-                           say=say)
+                           bins=bins, say=say)
         print(f"  {titles[info]}: at most {upper:.4f} ({closed(upper)} of the gap); "
               f"best mix {mix:.4f} ({closed(mix)})", flush=True)
 
