@@ -25,11 +25,12 @@ day's fetches; the best policy of a page at those prices, found by dynamic
 programming, joins the mix and gives the bound by weak duality (the best
 value of a page at the prices, plus the price of the budget).
 
-The rates are rounded to ``--bins`` bins a decade (``BINS_PER_DECADE``), down to each bin's
-lower edge: freshness falls with the rate, so this rounds the value up.
-Bayes' rule runs on the binned rates and on the spacing of the two
-fetches' cells: the bound's one approximation, at the bins' and the
-cells' width.
+The rates are rounded to bins, ``--bins`` a decade (``BINS_PER_DECADE``),
+down to each bin's lower edge: freshness falls with the rate, so this
+rounds the value up. Bayes' rule runs on the binned rates and on the
+spacing of the two fetches' cells: the bound's one approximation, at the
+bins' and the cells' width (finer bins and cells lowered the bound on
+the issue's site: see FRESHNESS.md).
 
 Prints the simulated uniform and oracle freshness for the seed, the bound
 (with the best mix found: the bound can fall no lower than that), and the
