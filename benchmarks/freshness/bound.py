@@ -29,8 +29,8 @@ The rates are rounded to bins, ``--bins`` a decade (``BINS_PER_DECADE``),
 down to each bin's lower edge: freshness falls with the rate, so this
 rounds the value up. Bayes' rule runs on the binned rates and on the
 spacing of the two fetches' cells: the bound's one approximation, at the
-bins' and the cells' width (finer bins and cells lowered the bound on
-the issue's site: see FRESHNESS.md).
+bins' and the cells' width (finer bins and cells lowered the bound in
+every cell tried: see FRESHNESS.md).
 
 Prints the simulated uniform and oracle freshness for the seed, the bound
 (with the best mix found: the bound can fall no lower than that), and the
