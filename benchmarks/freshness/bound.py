@@ -1,7 +1,7 @@
 """What no schedule can reach without a change signal (benchmarks/FRESHNESS.md,
 "What a schedule can reach without a change signal").
 
-    python benchmarks/freshness/bound.py SCENARIO BUDGET SEED [--step HOURS] [--bins N] [--checks] [-v]
+    python benchmarks/freshness/bound.py SCENARIO BUDGET SEED [--step HOURS] [--bins N] [--checks] [--mix] [-v]
 
 A schedule that sees only whether a page changed between two fetches learns
 nothing of the page from its first fetch and one bit from its second. This
@@ -37,7 +37,9 @@ Prints the simulated uniform and oracle freshness for the seed, the bound
 share of the uniform -> oracle gap each allows; with ``--checks``, as checks
 of the method, the same with every rate known from day 0 (at least the
 oracle), and with no rate ever known (at least round robin: how far above
-it is what the rounding costs).
+it is what the rounding costs). With ``--mix``, how the best mix found
+times each page's first three fetches, by the day of its first (see
+:func:`describe_mix`).
 """
 
 from __future__ import annotations
@@ -141,14 +143,20 @@ class Grid:
         return C[:, :cells]
 
 
-def price_out(info: str, grid: Grid, price: np.ndarray) -> list[tuple[int, float, np.ndarray]]:
+#: A page's first three fetch cells under a ``bits`` policy: the first, the
+#: second, and the third after a changed and after an unchanged second (-1:
+#: none). Nothing (``None``) for the other kinds of policy.
+Plan = tuple[int, int, int, int] | None
+
+
+def price_out(info: str, grid: Grid, price: np.ndarray) -> list[tuple[int, float, np.ndarray, Plan]]:
     """The best policies of a page at these prices under ``info``: ``bits``
     (two fetches timed blind; the second's bit, changed or not, times the
     third; the rate known from then on), ``full`` (the rate known from day 0:
     one group a bin) or ``none`` (never known). Returns ``(group, reduced
-    value, fetches per cell)``, in expectation over the group's pages, the
-    reduced value being the fresh days less the prices paid: the best policy
-    of each first cell (the programme takes many at once)."""
+    value, fetches per cell, plan)``, in expectation over the group's pages,
+    the reduced value being the fresh days less the prices paid: the best
+    policy of each first cell (the programme takes many at once)."""
     cells, lam, share = grid.cells, grid.lam, grid.share
     priced = np.append(price, 0.0)
     out = []
@@ -162,7 +170,7 @@ def price_out(info: str, grid: Grid, price: np.ndarray) -> list[tuple[int, float
             if value > 0:
                 count[i] = 1.0
                 count += downstream[b, i]
-            out.append((b, max(value, 0.0), count))
+            out.append((b, max(value, 0.0), count, None))
         return out
     if info == "none":  # one schedule for every page: the pages' mean credit
         G, nxt = grid.continuation(price, grid.mean[None])
@@ -170,7 +178,7 @@ def price_out(info: str, grid: Grid, price: np.ndarray) -> list[tuple[int, float
         for i in range(cells):
             count = downstream[0, i].copy()
             count[i] += 1.0
-            out.append((0, float(G[0, i] - price[i]), count))
+            out.append((0, float(G[0, i] - price[i]), count, None))
         return out
     # bits
     G, nxt = grid.continuation(price)
@@ -200,7 +208,7 @@ def price_out(info: str, grid: Grid, price: np.ndarray) -> list[tuple[int, float
         count = np.zeros(cells)
         count[i1] = 1.0
         if second[i1] < 0 or single >= best[i1]:
-            out.append((0, float(single), count))
+            out.append((0, float(single), count, (i1, -1, -1, -1)))
             continue
         i2 = second[i1]
         count[i2] += 1.0
@@ -209,18 +217,19 @@ def price_out(info: str, grid: Grid, price: np.ndarray) -> list[tuple[int, float
             if i3 < cells:
                 count[i3] += joint.sum()
                 count += joint @ downstream[:, i3]
-        out.append((0, float(best[i1]), count))
+        plan = (i1, int(i2), *(int(i3) if i3 < cells else -1 for i3 in thirds[:, i1]))
+        out.append((0, float(best[i1]), count, plan))
     return out
 
 
 def bound(info: str, rates: np.ndarray, created: np.ndarray, capacity: np.ndarray, step: float, warmup: float,
           horizon: float, *, bins: int = BINS_PER_DECADE, rounds: int = 300, tol: float = 2e-4,
-          say: Callable[[str], None] | None = None) -> tuple[float, float]:
+          say: Callable[[str], None] | None = None) -> tuple[float, float, list[tuple[float, Plan]]]:
     """The least upper bound found on the window's mean freshness under
-    ``info``, and the best mix of policies found (the bound can fall no
-    lower), for pages of ``rates`` created at ``created`` (days) when day
-    ``d``'s fetches are at most ``capacity[d]``, rates in ``bins`` bins a
-    decade."""
+    ``info``, the best mix of policies found (the bound can fall no lower)
+    and that mix, as ``(share of the pages, plan)`` per policy in it, for
+    pages of ``rates`` created at ``created`` (days) when day ``d``'s
+    fetches are at most ``capacity[d]``, rates in ``bins`` bins a decade."""
     from scipy.optimize import linprog
 
     n = len(rates)
@@ -241,6 +250,7 @@ def bound(info: str, rates: np.ndarray, created: np.ndarray, capacity: np.ndarra
         weight = counts / n
     groups = len(weight)
     columns = [(g, 0.0, np.zeros(days)) for g in range(groups)]  # fetching nothing is always feasible
+    plans: list[Plan] = [None] * groups
     best_upper, lower, stalled = math.inf, 0.0, False
     mu_best = mu_lp = np.zeros(days)
 
@@ -255,9 +265,10 @@ def bound(info: str, rates: np.ndarray, created: np.ndarray, capacity: np.ndarra
         for g, options in enumerate(by_group):
             if g or info == "full":  # a few for each later group; every first cell for the first
                 options = sorted(options, key=lambda f: f[1], reverse=True)[:3]
-            for _, reduced, count in options:
+            for _, reduced, count, plan in options:
                 top[g] = max(top[g], reduced)
                 columns.append((g, reduced + float(price @ count), per_cell_day @ count))
+                plans.append(plan)
         return float(weight @ top) + float(mu @ capacity)
 
     # A start: flat prices over a wide range, the best of them kept.
@@ -286,7 +297,48 @@ def bound(info: str, rates: np.ndarray, created: np.ndarray, capacity: np.ndarra
         upper = price_round(mu)
         if upper < best_upper:
             best_upper, mu_best = upper, mu
-    return best_upper / live, lower / live
+    mix = [(float(x), plan) for x, plan in zip(res.x, plans) if x > 1e-9]
+    return best_upper / live, lower / live, mix
+
+
+def describe_mix(mix: list[tuple[float, Plan]], rates: np.ndarray, step: float, bins: int,
+                 slice_days: float = 10.0) -> list[str]:
+    """Rows of a table of how a ``bits`` mix times each page's first three
+    fetches, by the day of its first in slices of ``slice_days``: the share
+    of the site's pages first fetched then; the share of them fetched a
+    second time, and after how many days (mean); of those found changed by
+    the second (by the site's rates), the share fetched a third time and
+    after how many days; the same for those found unchanged."""
+    lam, share = rate_bins(rates, bins)
+    # Per slice: pages, second fetches, days to them, and for changed and
+    # unchanged second fetches: pages, third fetches, days to them.
+    rows: dict[int, np.ndarray] = {}
+    for x, plan in mix:
+        if plan is None:
+            continue
+        i1, i2, *thirds = plan
+        row = rows.setdefault(int(i1 * step // slice_days), np.zeros(9))
+        row[0] += x
+        if i2 < 0:
+            continue
+        gap = (i2 - i1) * step
+        p_changed = float(share @ -np.expm1(-lam * gap))
+        row[1:3] += x, x * gap
+        for at, third, p in ((3, thirds[0], p_changed), (6, thirds[1], 1.0 - p_changed)):
+            row[at] += x * p
+            if third >= 0:
+                row[at + 1: at + 3] += x * p, x * p * (third - i2) * step
+
+    def share_after(count: float, of: float, days: float) -> str:
+        return f"{count / of:.0%} after {days / count:.0f} d" if count > 1e-9 else "none"
+
+    lines = []
+    for k in sorted(rows):
+        n, second, days2, changed, third_c, days_c, unchanged, third_u, days_u = rows[k]
+        lines.append(f"| {k * slice_days:g}–{(k + 1) * slice_days:g} | {n:.1%} | {share_after(second, n, days2)} | "
+                     f"{share_after(third_c, changed, days_c) if changed > 1e-9 else '–'} | "
+                     f"{share_after(third_u, unchanged, days_u) if unchanged > 1e-9 else '–'} |")
+    return lines
 
 
 def main(argv: list[str]) -> None:
@@ -297,8 +349,8 @@ def main(argv: list[str]) -> None:
             options[flag] = type(default)(argv[at + 1])
             argv = argv[:at] + argv[at + 2:]
     step_hours, bins = options["--step"], options["--bins"]
-    verbose, checks = "-v" in argv, "--checks" in argv
-    argv = [a for a in argv if a not in ("-v", "--checks")]
+    verbose, checks, show_mix = "-v" in argv, "--checks" in argv, "--mix" in argv
+    argv = [a for a in argv if a not in ("-v", "--checks", "--mix")]
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else None
     name, budget, seed = argv[0], float(argv[1]), int(argv[2])
     scn = load_scenario(HERE / "family" / f"{name}.yaml")
@@ -327,10 +379,15 @@ def main(argv: list[str]) -> None:
     for info in INFOS if checks else INFOS[:1]:
         if info == "full" and np.any(created > 0):
             continue
-        upper, mix = bound(info, rates, created, capacity, step_hours / 24.0, scn.warmup_days, scn.horizon_days,
-                           bins=bins, say=say)
+        step = step_hours / 24.0
+        upper, best, mix = bound(info, rates, created, capacity, step, scn.warmup_days, scn.horizon_days,
+                                 bins=bins, say=say)
         print(f"  {titles[info]}: at most {upper:.4f} ({closed(upper)} of the gap); "
-              f"best mix {mix:.4f} ({closed(mix)})", flush=True)
+              f"best mix {best:.4f} ({closed(best)})", flush=True)
+        if show_mix and info == "bits":
+            print("\n| first fetch, day | pages | second fetch | third, second changed | third, second unchanged |")
+            print("|---|---:|---|---|---|")
+            print("\n".join(describe_mix(mix, rates, step, bins)))
 
 
 if __name__ == "__main__":
