@@ -238,13 +238,16 @@ def test_redis_killed_for_good_ends_the_crawl(tmp_path):
         assert "Traceback" not in gone.log, gone.log[-5000:]
         assert gone.items  # emitted before the kill, and still in the feed
 
-        # Redis back (its append-only file replayed): the records the crawl
-        # reported written back are the store's fetched (or robots-parked)
-        # ones, no more, no fewer.
+        # Redis back (its append-only file replayed): the store's fetched (or
+        # robots-parked) records are those the crawl reported written back,
+        # and at most those it could not confirm: a write whose reply the kill
+        # cut off may have landed (appendfsync always), and the crawl cannot
+        # tell. No fewer: none it confirmed is lost.
         redis_server.start()
         records = store_records(store)
         written = [p for p, r in records.items() if r.visits or r.state == "forbidden"]
-        assert len(written) == gone.stat("vertical/commit/records")
+        confirmed = gone.stat("vertical/commit/records")
+        assert confirmed <= len(written) <= confirmed + gone.stat("vertical/commit/unwritten")
         assert set(written) <= fetched_then | {p for p in records if records[p].state == "forbidden"}
         # A new run takes over the dead process's claims and emits the rest.
         again = crawl(site, store, tmp_path, tag="2")

@@ -469,9 +469,11 @@ class FrontierCommit:
             await self.flush()
             if unwritten := len(self._writes) + len(self._pages):
                 # Still claimed in the store: a later run fetches them again.
+                # Unless the store lost only the reply to a write that landed:
+                # then they stand as fetched, their items already emitted.
                 self.stats.set_value("vertical/commit/unwritten", unwritten)
-                logger.warning("%d fetched pages were not written back to the store; a later run fetches "
-                               "them again", unwritten)
+                logger.warning("%d fetched pages were not confirmed written back to the store; a later run "
+                               "fetches again those that were not", unwritten)
             durable = self.feeds.durable(checkpoint=False)
             if done := [row for scraped, row in self._undurable if scraped <= durable]:
                 try:
