@@ -376,10 +376,10 @@ def main(argv: list[str]) -> None:
           f"{bins} rate bins a decade")
     print(f"  simulated: uniform {sim['uniform']:.4f}, oracle {sim['oracle']:.4f}")
     titles = {"bits": "changed/unchanged bits", "full": "rates known from day 0", "none": "rates never known"}
+    step = step_hours / 24.0
     for info in INFOS if checks else INFOS[:1]:
         if info == "full" and np.any(created > 0):
             continue
-        step = step_hours / 24.0
         upper, best, mix = bound(info, rates, created, capacity, step, scn.warmup_days, scn.horizon_days,
                                  bins=bins, say=say)
         print(f"  {titles[info]}: at most {upper:.4f} ({closed(upper)} of the gap); "
