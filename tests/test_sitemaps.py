@@ -514,6 +514,7 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path
     with small_site_server(pages) as server:
         site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
                           refetch={"schedule": "optimal", "initial": "3d", "min": "3d"},
+                          politeness={"delay": 0, "concurrency": 1},
                           documents=[{"name": "doc", "match": r"/p\d+$", "fields": {"text": "//p/text()"}}])
         crawl(site, store, tmp_path, tag="1")
         assert set(paths) <= set(server.log)
