@@ -11,7 +11,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -107,3 +109,84 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LossyProxy:
+    """A TCP proxy in front of a Redis server that loses chosen replies.
+
+    Every command reaches the server; when ``lose(command)`` is true for the
+    bytes of one, the proxy reads the server's reply, drops it and closes
+    the client's connection: what a client sees when the network fails
+    between a command that ran and its reply (a reset connection, a load
+    balancer's idle timeout, a failover). ``lost`` counts the replies lost.
+    """
+
+    def __init__(self, upstream_port: int, lose: Callable[[bytes], bool]) -> None:
+        self.upstream_port = upstream_port
+        self.lose = lose
+        self.lost = 0
+        self._count = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:  # the server is down: so is the connection
+                client.close()
+                continue
+            dropping = threading.Event()
+            threading.Thread(target=self._commands, args=(client, server, dropping), daemon=True).start()
+            threading.Thread(target=self._replies, args=(server, client, dropping), daemon=True).start()
+
+    def _commands(self, client: socket.socket, server: socket.socket, dropping: threading.Event) -> None:
+        try:
+            while data := client.recv(1 << 16):
+                # Set before the command leaves: its reply is the next one.
+                if self.lose(data):
+                    dropping.set()
+                server.sendall(data)
+        except OSError:
+            pass
+        _close(client, server)
+
+    def _replies(self, server: socket.socket, client: socket.socket, dropping: threading.Event) -> None:
+        try:
+            while data := server.recv(1 << 16):
+                if dropping.is_set():
+                    with self._count:
+                        self.lost += 1
+                    break
+                client.sendall(data)
+        except OSError:
+            pass
+        _close(client, server)
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+    def __enter__(self) -> LossyProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _close(*sockets: socket.socket) -> None:
+    for sock in sockets:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()

@@ -23,11 +23,12 @@ import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import LossyProxy, RedisServer, free_port
 from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.frontier.redis import RedisFrontier
 from vertical.frontier.sqlite import SQLiteFrontier
@@ -449,6 +450,51 @@ def test_redis_retries_after_a_lost_reply_keep_their_promises(redis_url, monkeyp
         lost = _lose_first_reply(monkeypatch, store, "_outbox_take")
         assert store.outbox_take(SITE, "t", 10) == [(10, "p1"), (11, "p2")]
         assert lost and store.outbox_count(SITE) == 2
+
+
+def test_redis_replies_lost_on_the_wire_keep_their_promises(redis_server, redis_url):
+    """The promises above, with replies really lost between the server and
+    a client made as a crawl makes it (scrapy-redis's parameters): a script
+    whose reply was lost is run again as a retry, never as a new call."""
+    db = int(urlsplit(redis_url).path.strip("/"))
+    armed: list[bytes] = []  # lose the reply to the next command with these bytes (a script's SHA1)
+
+    def lose(command: bytes) -> bool:
+        if armed and armed[0] in command:
+            armed.pop()
+            return True
+        return False
+
+    with LossyProxy(redis_server.port, lose) as proxy, open_frontier(proxy.url(db)) as store:
+        direct = redis_server.client(db)
+        for script in (store._add, store._save, store._outbox_take, store._claim):
+            direct.script_load(script.script)  # a lost NOSCRIPT reply would prove nothing
+        direct.close()
+        armed.append(store._add.sha.encode())
+        inserted = store.add([rec(1), rec(2)], claim_owner="a", lease=600)
+        assert proxy.lost == 1
+        assert fps(inserted) == {rec(1).fingerprint, rec(2).fingerprint}
+        assert {r.claim_owner for r in inserted} == {"a"}
+        armed.append(store._save.sha.encode())
+        inserted[0].checksum = 5
+        assert store.save([inserted[0]], owner="a", outbox={inserted[0].fingerprint: [(1, "p1")]}) == []
+        assert proxy.lost == 2 and store.get(SITE, inserted[0].fingerprint).checksum == 5
+        store.save([inserted[1]], owner="a", outbox={inserted[1].fingerprint: [(2, "p2")]})
+        armed.append(store._outbox_take.sha.encode())
+        assert store.outbox_take(SITE, "t", 10) == [(10, "p1"), (11, "p2")]
+        assert proxy.lost == 3 and store.outbox_count(SITE) == 2
+        # A claim (of the two released and two new records): the retry
+        # returns the batch the lost call leased, which nobody would
+        # otherwise fetch until the lease ran out.
+        store.add([rec(3), rec(4)])
+        armed.append(store._claim.sha.encode())
+        got = claim(store, owner="b")
+        assert proxy.lost == 4 and fps(got) == {rec(n).fingerprint for n in range(1, 5)}
+        assert {r.claim_owner for r in got} == {"b"} and claim(store, owner="b") == []
+        # update_meta: the EXEC ran, its reply was lost; the retry does not apply it twice.
+        armed.append(b"EXEC")
+        assert store.update_meta(SITE, "n", lambda v: (v or 0) + 1) == 1
+        assert proxy.lost == 5 and store.get_meta(SITE, "n") == 1
 
 
 # -- crawl processes ------------------------------------------------------------------------
@@ -897,7 +943,7 @@ def test_redis_keys_of_a_site_share_one_hash_tag(redis_url):
              for tag in [name[len("vertical:"):].split(":")[0]]}
     # Every record of SITE is claimed: out of the due index, whose buckets are gone.
     assert kinds == {(f"{{{s}}}", k) for s in (SITE, "b") for k in ("r", "due", "n", "hosts")} | {
-        (f"{{{SITE}}}", k) for k in ("lease", "leasez", "meta", "owners", "outbox", "pk")} | {("{b}", "d")}
+        (f"{{{SITE}}}", k) for k in ("lease", "leasez", "meta", "owners", "outbox", "pk", "ticket")} | {("{b}", "d")}
 
 
 def test_redis_unreachable_for_longer_than_patience_raises():

@@ -17,6 +17,8 @@ site's keys live in one slot and every script touches one slot only)::
     vertical:{site}:meta        hash  key -> JSON value
     vertical:{site}:owners      hash  owner -> "alive_until\\x1finfo JSON" (heartbeats)
     vertical:{site}:outbox      hash  "owner\\x1frow_id" -> fp + payload (undelivered items)
+    vertical:{site}:ticket:<id> string  what one claim or update_meta call did, for its retries
+                                        (kept for a lease, or the patience)
     vertical:sites              set   site names (for sites() and count())
     vertical:layout             hash  version, bucket_bits, slot_seconds of the store
 
@@ -71,11 +73,13 @@ raises :class:`RedisUnavailable` (a
 :class:`~vertical.frontier.base.StoreUnavailable`: the crawl closes). Once
 one has, the next ones try once until Redis answers again. The waits block
 the calling thread, which in a crawl is never the reactor: every store call runs on the crawl's store thread
-(:mod:`vertical.frontier.worker`). A retried write is idempotent, except that records claimed by a
-request whose reply was lost stay leased to this owner until the lease runs
-out (nothing is lost, they come back later), that ``reap`` may then not
-report the owners it reaped, and that ``update_meta`` may apply its
-function twice when the reply to its ``EXEC`` was lost.
+(:mod:`vertical.frontier.worker`). The client's own retries are off: a call
+whose reply was lost (the script ran) is retried here, as a retry. A
+retried write does what the lost one did, once: an insert or a fenced save
+finds its own write, an outbox take returns the rows it had moved, a claim
+the records it had leased and ``update_meta`` finds its write done (both
+by the call's ticket). Only ``reap`` may then not report the owners it
+reaped.
 """
 
 from __future__ import annotations
@@ -84,15 +88,19 @@ import datetime
 import email.utils
 import json
 import logging
+import math
 import re
 import struct
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import get_redis
 
@@ -710,13 +718,31 @@ local function lane_filter(first, now)
 end
 """
 
-# ARGV: owner now lease limit scan after, then the lane (11..17).
+# KEYS: the record keys, then the call's ticket. ARGV: owner now lease limit
+# scan after, then the lane (11..17).
 # Returns {after ("": done), claim_until, fp, record, fp, record, ...}.
 # Merges the due slots: one cursor a slot, each in priority order, the best
 # of them taken first; `after` ("-priority | fp" of the last entry examined)
 # resumes a walk cut at `scan` entries.
 _CLAIM = _LUA_COMMON + _LUA_LANE + r"""
+-- The call's ticket keeps what it leased: a retry of a call whose reply was
+-- lost gets those records again (the ones still under that lease), not a
+-- second batch; nobody would fetch the first until its lease ran out.
+local TICKET = KEYS[#KEYS]
 local owner, now = ARGV[5], tonumber(ARGV[6])
+local kept = redis.call("GET", TICKET)
+if kept then
+  local was = cmsgpack.unpack(kept)  -- {after, until, fp, ...}
+  local out, held = {was[1], was[2]}, owner .. SEP .. was[2]
+  for i = 3, #was do
+    local rec = rget(was[i])
+    if rec and redis.call("HGET", LEASE, was[i]) == held then
+      out[#out + 1] = was[i]
+      out[#out + 1] = rec
+    end
+  end
+  return out
+end
 local limit, scan, after = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
 local eligible, stale = lane_filter(11, now)
 local t = clock()
@@ -781,6 +807,14 @@ end
 
 local out = {"", until_s}
 local examined, n = 0, 0
+local function reply()
+  if n > 0 then
+    local ticket = {out[1], out[2]}
+    for i = 3, #out, 2 do ticket[#ticket + 1] = out[i] end
+    redis.call("SET", TICKET, cmsgpack.pack(ticket), "PX", math.ceil(tonumber(ARGV[7]) * 1000))
+  end
+  return out
+end
 while #heap > 0 do
   local cur = heap[1]
   local e = cur.buf[cur.i]
@@ -796,7 +830,7 @@ while #heap > 0 do
       out[#out + 1] = fp
       out[#out + 1] = rec
       n = n + 1
-      if n >= limit then return out end
+      if n >= limit then return reply() end
     end
   end
   examined = examined + 1
@@ -814,10 +848,10 @@ while #heap > 0 do
   if #heap > 0 then sift_down(1) end
   if examined >= scan and #heap > 0 then
     out[1] = string.sub(e, 5)
-    return out
+    return reply()
   end
 end
-return out
+return reply()
 """
 
 # ARGV: now scan after best, then the lane (9..15).
@@ -1248,7 +1282,11 @@ class RedisFrontier(Frontier):
     number of crawl processes.
 
     ``client`` is any redis-py client (bytes replies, no ``decode_responses``);
-    :meth:`from_uri` builds one with scrapy-redis. ``patience`` is how long
+    :meth:`from_uri` builds one with scrapy-redis. Its own retries are turned
+    off: redis-py would send a call whose reply was lost again as it was, and
+    a fenced save that had released its claim would then be refused as taken
+    over, an insert that claimed its records would not return them. The
+    store retries as a retry instead. ``patience`` is how long
     an operation retries while Redis is unreachable; ``prefix`` starts every
     key; ``bucket_bits`` (2**bucket_bits record hashes a site) and
     ``slot_seconds`` (the width of a due slot) are the layout of a new store
@@ -1262,6 +1300,7 @@ class RedisFrontier(Frontier):
             raise ValueError(f"bucket_bits={bucket_bits}: from 0 to 24")
         if slot_seconds < 1:
             raise ValueError(f"slot_seconds={slot_seconds}: at least 1")
+        client.set_retry(Retry(NoBackoff(), 0))
         self.client = client
         self.uri = uri
         self.prefix = prefix
@@ -1384,8 +1423,8 @@ class RedisFrontier(Frontier):
         layout = self.layout()
         return [k.base, layout.bucket_bits, layout.slot_seconds, layout.index_bucket_max]
 
-    def _run(self, script: Any, k: _SiteKeys, args: Sequence[Any]) -> Any:
-        return script(keys=k.script_keys, args=[*self._script_args(k), *args])
+    def _run(self, script: Any, k: _SiteKeys, args: Sequence[Any], *keys: str) -> Any:
+        return script(keys=[*k.script_keys, *keys], args=[*self._script_args(k), *args])
 
     def _retry(self, operation: Callable[[bool], T]) -> T:
         """Run ``operation(retrying)``, waiting out an unreachable Redis (in
@@ -1586,7 +1625,8 @@ class RedisFrontier(Frontier):
         after: bytes = b""
         while len(claimed) < limit:
             args = [owner, _float(now), _float(lease), limit - len(claimed), SCAN_STEP, after, *lane_args]
-            reply = self._retry(lambda _, a=args: self._run(self._claim, k, a))
+            ticket = f"{k.base}:ticket:{uuid.uuid4().hex}"  # one per call, kept by its retries
+            reply = self._retry(lambda _, a=args, t=ticket: self._run(self._claim, k, a, t))
             after, until = reply[0], float(reply[1])
             packed = reply[3::2]
             namer = self._host_namer(site, packed)
@@ -1687,23 +1727,32 @@ class RedisFrontier(Frontier):
         self._retry(lambda _: self.client.hset(self._keys(site).meta, key, json.dumps(value)))
 
     def update_meta(self, site: str, key: str, fn: Callable[[Any], Any]) -> Any:
-        meta = self._keys(site).meta
+        k = self._keys(site)
+        meta, ticket = k.meta, f"{k.base}:ticket:{uuid.uuid4().hex}"
 
-        def attempt(_: bool) -> Any:
+        def attempt(retrying: bool) -> Any:
             # Optimistic: WATCH the hash, write in MULTI; another writer in
             # between makes EXEC fail, and we read again.
             with self.client.pipeline(transaction=True) as pipe:
+                again = retrying
                 while True:
                     try:
                         pipe.watch(meta)
                         raw = pipe.hget(meta, key)
+                        if again and pipe.exists(ticket):
+                            # Our EXEC ran and its reply was lost: not twice.
+                            pipe.unwatch()
+                            return None if raw is None else json.loads(raw)
                         value = fn(None if raw is None else json.loads(raw))
                         pipe.multi()
                         pipe.hset(meta, key, json.dumps(value))
+                        pipe.set(ticket, 1, ex=math.ceil(self.patience) + 60)  # outlives the retries
                         pipe.execute()
                         return value
                     except redis.WatchError:
-                        continue
+                        # Another writer, or (redis-py says so too) a
+                        # connection lost during EXEC, which may have run.
+                        again = True
 
         return self._retry(attempt)
 
