@@ -178,6 +178,10 @@ end
 # to wait before asking again; expired, the turns of others that ran out.
 _TAKE = _HELPERS + r"""
 local now = clock()
+-- Granted already: a retry of a take whose reply was lost (the same token).
+-- Asked again, the turn would wait for itself until its lease ran out.
+local mine = redis.call("ZSCORE", KEYS[2], ARGV[1])
+if mine and tonumber(mine) > now then return {"0", 0} end
 local state = redis.call("HMGET", KEYS[1], "done", "delay")
 local done = tonumber(state[1]) or 0
 local delay = math.max(tonumber(ARGV[2]), tonumber(state[2]) or 0)

@@ -182,6 +182,17 @@ def test_the_larger_delay_of_two_consecutive_turns_holds(host_turns):
     assert grant_time(client, turns, "b", 30) >= ended + 0.3
 
 
+def test_a_take_asked_again_with_its_token_is_granted_again(host_turns):
+    # The reply to a granted take was lost and the call retried: the turn is
+    # already this token's, and must not wait for itself until its lease.
+    turns, client = host_turns
+    for host, delay in (("h", 0.2), ("h0", 0)):  # paced by the delay, or by the concurrency (1)
+        assert turns.take("s", host, "a", delay=delay, concurrency=1, lease=30) == (0, 0)
+        assert turns.take("s", host, "a", delay=delay, concurrency=1, lease=30) == (0, 0)
+        assert client.zcard(turns.keys("s", host)[1]) == 1
+        assert turns.take("s", host, "b", delay=delay, concurrency=1, lease=30)[0] > 0
+
+
 def test_a_turn_never_given_back_ends_with_its_lease(host_turns):
     # Its process died: the others wait for the lease, then the delay.
     turns, client = host_turns
