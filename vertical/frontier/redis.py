@@ -1283,9 +1283,9 @@ class RedisFrontier(Frontier):
 
     ``client`` is any redis-py client (bytes replies, no ``decode_responses``);
     :meth:`from_uri` builds one with scrapy-redis. Its own retries are turned
-    off: redis-py would send a call whose reply was lost again as it was, and
-    a fenced save that had released its claim would then be refused as taken
-    over, an insert that claimed its records would not return them. The
+    off: redis-py would send a call whose reply was lost again as it was, so
+    that a fenced save that had released its claim would be refused as taken
+    over, and an insert that claimed its records would not return them. The
     store retries as a retry instead. ``patience`` is how long
     an operation retries while Redis is unreachable; ``prefix`` starts every
     key; ``bucket_bits`` (2**bucket_bits record hashes a site) and
