@@ -157,13 +157,19 @@ def test_redis_restart_mid_crawl_loses_nothing(tmp_path):
         records = store_records(store)
     assert fetched_before_restart < len(page_requests_of(every))  # the outage was mid-run
     assert any("unreachable" in r.log for r in results.values())
+    # No process died and Redis lost no acknowledged write (appendfsync always).
+    assert_exactly_once(every, truth, demo.url, results, records)
+
+
+def assert_exactly_once(every: list[dict], truth: dict[str, dict], base_url: str, results: dict,
+                        records: dict[str, object]) -> None:
+    """Every page of the site was fetched (as the server saw), emitted and
+    committed once, and no claim is left."""
     counts = Counter(r["path"] for r in page_requests_of(every))
     assert set(truth) <= set(counts)
     assert {p for p, n in counts.items() if n > 1} == set()
-    # Exactly once: no process died and Redis lost no acknowledged write
-    # (appendfsync always), so every page was fetched, emitted and committed once.
     items = documents(i for r in results.values() for i in r.items)
-    assert set(items) == truth_documents(truth, demo.url)
+    assert set(items) == truth_documents(truth, base_url)
     assert max(items.values()) == 1
     assert all(records[p].visits == 1 and records[p].checksum for p in truth)
     assert not [p for p, r in records.items() if r.claim_owner]
@@ -191,14 +197,7 @@ def test_replies_lost_mid_crawl_lose_nothing_and_fetch_nothing_twice(tmp_path, r
     assert proxy.lost >= 30
     assert all("unreachable" in r.log for r in results.values())
     assert not any(r.stat("vertical/commit/stale") for r in results.values())  # no write refused as taken over
-    counts = Counter(r["path"] for r in page_requests_of(every))
-    assert set(truth) <= set(counts)
-    assert {p for p, n in counts.items() if n > 1} == set()
-    items = documents(i for r in results.values() for i in r.items)
-    assert set(items) == truth_documents(truth, demo.url)
-    assert max(items.values()) == 1
-    assert all(records[p].visits == 1 and records[p].checksum for p in truth)
-    assert not [p for p, r in records.items() if r.claim_owner]
+    assert_exactly_once(every, truth, demo.url, results, records)
 
 
 def quiet(demo, seconds: float) -> bool:
