@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 
@@ -131,8 +132,9 @@ class LossyProxy:
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
+    def url(self, upstream: str) -> str:
+        """``upstream`` (a URL of the server, with its database) through the proxy."""
+        return urlsplit(upstream)._replace(netloc=f"127.0.0.1:{self.port}").geturl()
 
     def _accept(self) -> None:
         while not self._closed:

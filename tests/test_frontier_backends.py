@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -456,7 +455,6 @@ def test_redis_replies_lost_on_the_wire_keep_their_promises(redis_server, redis_
     """The promises above, with replies really lost between the server and
     a client made as a crawl makes it (scrapy-redis's parameters): a script
     whose reply was lost is run again as a retry, never as a new call."""
-    db = int(urlsplit(redis_url).path.strip("/"))
     armed: list[bytes] = []  # lose the reply to the next command with these bytes (a script's SHA1)
 
     def lose(command: bytes) -> bool:
@@ -465,8 +463,8 @@ def test_redis_replies_lost_on_the_wire_keep_their_promises(redis_server, redis_
             return True
         return False
 
-    with LossyProxy(redis_server.port, lose) as proxy, open_frontier(proxy.url(db)) as store:
-        direct = redis_server.client(db)
+    with LossyProxy(redis_server.port, lose) as proxy, open_frontier(proxy.url(redis_url)) as store:
+        direct = redis.Redis.from_url(redis_url)
         for script in (store._add, store._save, store._outbox_take, store._claim):
             direct.script_load(script.script)  # a lost NOSCRIPT reply would prove nothing
         direct.close()
