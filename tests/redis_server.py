@@ -13,7 +13,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -28,6 +29,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses connections while the block runs: bound
+    and not listening, so that no server (of a test run in parallel) takes it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
 class RedisServer:
     """``with RedisServer() as server: server.url`` -> ``redis://127.0.0.1:PORT``.
 
@@ -37,6 +47,9 @@ class RedisServer:
 
     def __init__(self, *, appendonly: bool = True, port: int | None = None,
                  directory: str | Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        #: Whether the port is ours to pick again: another process (a test
+        #: run in parallel) may take a free port before the server binds it.
+        self._picked = port is None
         self.port = port or free_port()
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="vertical-redis-")
         self.directory = Path(directory or self._tmp.name)
@@ -52,8 +65,22 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, db=db)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server and wait until it serves its data set. A port this
+        object picked that another process took first is picked again (on
+        the first start only: a restart keeps the clients' port)."""
         if self.process is not None:
             return self
+        for _ in range(5):
+            if self._start(timeout):
+                self._picked = False
+                return self
+            if not self._picked:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"redis-server could not listen on port {self.port}: {self._log()}")
+
+    def _start(self, timeout: float) -> bool:
+        """Start on ``self.port``: True once it serves, False if the port is taken."""
         args = [
             REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.directory), "--save", "",
@@ -64,6 +91,7 @@ class RedisServer:
             "--databases", "64", "--daemonize", "no", "--logfile", "redis.log",
             *self.extra_args,
         ]
+        since = len(self._log())  # the log is appended to by every start
         self.process = subprocess.Popen(args, cwd=self.directory, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         client = self.client()
@@ -71,19 +99,29 @@ class RedisServer:
         try:
             while True:
                 try:
-                    # PING answers while the AOF is still loading (LOADING
-                    # error); wait for the data set to be there.
-                    if client.ping() and not client.info("persistence").get("loading"):
-                        return self
+                    # The server answering must be this one (not another's on
+                    # a port taken meanwhile), and PING answers while the AOF
+                    # is still loading (LOADING error): wait for the data set.
+                    if (client.info("server").get("process_id") == self.process.pid
+                            and not client.info("persistence").get("loading")):
+                        return True
                 except (redis.ConnectionError, redis.BusyLoadingError):
                     pass
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    log = (self.directory / "redis.log")
-                    raise RuntimeError(f"redis-server did not start on port {self.port}: "
-                                       f"{log.read_text() if log.exists() else ''}")
+                if self.process.poll() is not None:
+                    self.process = None
+                    if "Address already in use" in self._log()[since:]:
+                        return False
+                    raise RuntimeError(f"redis-server did not start on port {self.port}: {self._log()}")
+                if time.monotonic() > deadline:
+                    self.stop(kill=True)
+                    raise RuntimeError(f"redis-server did not start on port {self.port}: {self._log()}")
                 time.sleep(0.02)
         finally:
             client.close()
+
+    def _log(self) -> str:
+        log = self.directory / "redis.log"
+        return log.read_text(errors="replace") if log.exists() else ""
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop the server (SIGKILL with ``kill``: no final AOF rewrite)."""

@@ -64,6 +64,7 @@ class ScrapydServer:
                  directory: str | Path | None = None, poll_interval: float = 0.2,
                  jobs_to_keep: int = 10) -> None:
         self.python = str(python)
+        self._picked = port is None  # see RedisServer: a port taken meanwhile is picked again
         self.port = port or free_port()
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="vertical-scrapyd-")
         self.directory = Path(directory or self._tmp.name).resolve()
@@ -92,6 +93,17 @@ class ScrapydServer:
     def start(self, timeout: float = 30.0) -> ScrapydServer:
         if self.process is not None:
             return self
+        for _ in range(5):
+            if self._start(timeout):
+                self._picked = False
+                return self
+            if not self._picked:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"scrapyd could not listen on port {self.port}:\n{self.server_log.read_text()}")
+
+    def _start(self, timeout: float) -> bool:
+        """Start on ``self.port``: True once it answers, False if the port is taken."""
         (self.directory / "scrapyd.conf").write_text(
             "[scrapyd]\n"
             "bind_address = 127.0.0.1\n"
@@ -111,16 +123,22 @@ class ScrapydServer:
         with self.server_log.open("wb") as out:
             self.process = subprocess.Popen([self.python, "-m", "scrapyd", "--pidfile="], cwd=self.directory,
                                             stdout=out, stderr=subprocess.STDOUT, env=env)
+        # Twisted logs this once it listens: until then an answer on the port
+        # may come from another Scrapyd that took it meanwhile.
+        listening = f"Site starting on {self.port}"
         deadline = time.monotonic() + timeout
         while True:
+            log = self.server_log.read_text(errors="replace")
             try:
-                if self.get("daemonstatus.json").get("status") == "ok":
-                    return self
+                if listening in log and self.get("daemonstatus.json").get("status") == "ok":
+                    return True
             except ScrapydError:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"scrapyd did not start on port {self.port}:\n{self.server_log.read_text()}")
+                if "Address already in use" in log:
+                    return False
+                raise RuntimeError(f"scrapyd did not start on port {self.port}:\n{log}")
             time.sleep(0.05)
 
     def stop(self) -> None:

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from tests.redis_server import LossyProxy, RedisServer, free_port
+from tests.redis_server import LossyProxy, RedisServer, free_port, refused_port
 from vertical.frontier import Frontier, Lane, open_frontier
 from vertical.frontier.redis import RedisFrontier
 from vertical.frontier.sqlite import SQLiteFrontier
@@ -949,9 +949,8 @@ def test_redis_unreachable_for_longer_than_patience_raises():
     redis.ConnectionError, raised from Redis's own error."""
     from vertical.frontier import StoreUnavailable
 
-    store = open_frontier(f"redis://127.0.0.1:{free_port()}/0?patience=0.3")
-    with pytest.raises(StoreUnavailable) as raised:
-        store.count(SITE)
+    with refused_port() as port, pytest.raises(StoreUnavailable) as raised:
+        open_frontier(f"redis://127.0.0.1:{port}/0?patience=0.3").count(SITE)
     assert isinstance(raised.value, redis.ConnectionError)
     assert isinstance(raised.value.__cause__, redis.ConnectionError)
 
