@@ -369,6 +369,7 @@ def test_uninterrupted_crawl_emits_every_document_once(corpus: Corpus, reference
 
 @dataclass
 class Trial:
+    backend: str  # the store's: sqlite or redis
     moment: float  # seconds after the spawn, on the reference crawl's time line
     where: str  # start-up, page k of N, or the tail after the last page request
     killed: Run
@@ -441,17 +442,33 @@ def where(moment: float, reference: Reference) -> str:
     return f"tail +{moment - times[-1]:.2f}s"
 
 
-@pytest.fixture(scope="module")
-def kill_trials(corpus: Corpus, reference: Reference, tmp_path_factory: pytest.TempPathFactory) -> list[Trial]:
+@pytest.fixture(scope="module", params=["sqlite", "redis"])
+def kill_trials(request: pytest.FixtureRequest, corpus: Corpus, reference: Reference,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Trial]]:
     """TRIALS crawls, each SIGKILLed at a random moment (seeded) and restarted
-    on its own store; a sweep follows a restart that had to be stopped."""
+    on its own store (an SQLite file, or a database of one Redis server); a
+    sweep follows a restart that had to be stopped."""
+    if request.param == "sqlite":
+        yield run_kill_trials(None, corpus, reference, tmp_path_factory)
+        return
+    if not Path(REDIS_SERVER).exists():
+        pytest.skip("redis-server is not installed")
+    with RedisServer(appendonly=False) as server:  # the crawls are killed, not Redis
+        yield run_kill_trials(server, corpus, reference, tmp_path_factory)
+
+
+def run_kill_trials(server: RedisServer | None, corpus: Corpus, reference: Reference,
+                    tmp_path_factory: pytest.TempPathFactory) -> list[Trial]:
+    """The trials on SQLite files, or on databases of ``server`` (one each)."""
+    backend = "redis" if server else "sqlite"
     rng = random.Random(SEED)
     moments = [rng.uniform(0.0, reference.duration) for _ in range(TRIALS)]
     patience = reference.patience()
     trials = []
     for i, moment in enumerate(moments):
         work = tmp_path_factory.mktemp(f"trial{i:02d}")
-        store, site = work / "frontier.sqlite3", corpus.site(work)
+        store = f"{server.url}/{i}" if server else work / "frontier.sqlite3"
+        site = corpus.site(work)
         corpus.watch.clear()
         killed = launch(corpus, site, store, work, "killed")
         cancel = arm_kill(killed, moment, reference)
@@ -461,12 +478,13 @@ def kill_trials(corpus: Corpus, reference: Reference, tmp_path_factory: pytest.T
         swept = sweep(corpus, site, store, work, patience) if restart.stopped else None
         runs = [killed, restart, swept]
         trials.append(Trial(
-            moment=moment, where=where(moment, reference), killed=killed, restart=restart, sweep=swept,
+            backend=backend, moment=moment, where=where(moment, reference), killed=killed, restart=restart,
+            sweep=swept,
             pages=fetches(corpus.watch.hits()),
             lost=set(corpus.documents - set(emitted(runs))),
             lost_unswept=set(corpus.documents - set(emitted([killed, restart]))),
         ))
-    print(f"\nSIGKILL trials on {corpus.name} (uninterrupted {reference.duration:.2f}s, seed {SEED}):")
+    print(f"\nSIGKILL trials on {corpus.name}, {backend} (uninterrupted {reference.duration:.2f}s, seed {SEED}):")
     for trial in trials:
         print("  " + trial.row(patience))
     return trials
@@ -475,7 +493,7 @@ def kill_trials(corpus: Corpus, reference: Reference, tmp_path_factory: pytest.T
 def test_sigkill_at_random_moments_loses_no_document(kill_trials: list[Trial], corpus: Corpus) -> None:
     """Guarantee 1: whatever moment a crawl is SIGKILLed, every document is
     emitted at least once by it or by the crawls after it."""
-    found = Findings("sigkill-loss")
+    found = Findings(f"sigkill-loss-{kill_trials[0].backend}")
     killed = sum(t.killed.killed for t in kill_trials)
     found.check(killed >= TRIALS // 2, f"only {killed} of {TRIALS} runs were killed at all")
     found.note(trials=TRIALS, killed=killed, documents=len(corpus.documents),
@@ -530,7 +548,7 @@ def test_restart_after_sigkill_resumes_within_a_heartbeat(kill_trials: list[Tria
     restart's work costs what the load of the machine makes it cost: full
     crawls took 4.5 to 11.6 s in one session on a shared 2-core machine.
     The durations are reported against the bound."""
-    found = Findings("sigkill-resume")
+    found = Findings(f"sigkill-resume-{kill_trials[0].backend}")
     patience = reference.patience()
     restarts = [t.restart for t in kill_trials]
     found.note(heartbeat=HEARTBEAT, uninterrupted=round(reference.duration, 2),
@@ -554,7 +572,7 @@ def test_restart_after_sigkill_resumes_within_a_heartbeat(kill_trials: list[Tria
 def test_documents_come_twice_only_from_pages_fetched_twice(kill_trials: list[Trial]) -> None:
     """At least once, not more: a document is emitted twice only when its
     page was fetched again after the kill, and no run emits one twice."""
-    found = Findings("sigkill-duplicates")
+    found = Findings(f"sigkill-duplicates-{kill_trials[0].backend}")
     found.note(duplicates_per_trial=[t.duplicates for t in kill_trials],
                pages_refetched_per_trial=[sum(n > 1 for n in t.pages.values()) for t in kill_trials])
     for i, trial in enumerate(kill_trials):
