@@ -305,7 +305,7 @@ class HostRateMiddleware:
     """Takes each request's turn at its host (see the module docstring)."""
 
     def __init__(self, crawler: Crawler, frontier: RedisFrontier) -> None:
-        from vertical.frontier.redis import _RETRY_ERRORS, RETRY_DELAYS
+        from vertical.frontier.redis import _RETRY_ERRORS, RETRY_DELAYS, _unavailable
 
         self.crawler = crawler
         self.stats = crawler.stats
@@ -314,6 +314,7 @@ class HostRateMiddleware:
         self.redis = frontier
         self.turns = HostTurns(frontier.client, frontier.prefix)
         self._retry_errors: tuple[type[Exception], ...] = _RETRY_ERRORS
+        self._unavailable = _unavailable
         self._retry_delays = RETRY_DELAYS
         # Every Redis call runs on a thread of its own, one at a time, with a
         # connection of its own: off the reactor (a stalled Redis stalls only
@@ -498,7 +499,7 @@ class HostRateMiddleware:
 
     async def _retrying(self, host: str, call: Callable[[], Deferred[T]]) -> T:
         """``call()`` (a Redis call on the thread), retried with backoff while
-        Redis is unreachable, for the store's patience; then its error is
+        Redis is unreachable or full, for the store's patience; then its error is
         raised. The backoff is waited on the reactor, the call on the thread:
         the reactor never waits for Redis."""
         backoff = self._retry_delays[0]
@@ -515,8 +516,8 @@ class HostRateMiddleware:
                     self._gave_up = True
                     raise
                 self.stats.inc_value("vertical/hostrate/retries")
-                logger.warning("Redis %s unreachable for the turns at %s (%s); retrying in %.1fs",
-                               self.redis.uri, host, exc, min(backoff, left))
+                logger.warning("Redis %s %s for the turns at %s (%s); retrying in %.1fs",
+                               self.redis.uri, self._unavailable(exc), host, exc, min(backoff, left))
                 await sleep(min(backoff, left))
                 backoff = min(backoff * 2, self._retry_delays[1])
             else:

@@ -495,6 +495,48 @@ def test_redis_replies_lost_on_the_wire_keep_their_promises(redis_server, redis_
         assert proxy.lost == 5 and store.get_meta(SITE, "n") == 1
 
 
+def test_a_full_redis_holds_each_write_until_it_has_room():
+    """Redis at its maxmemory under ``noeviction`` refuses the commands that
+    add data (a script, at its first write; a MULTI, whole). A store call it
+    refuses is retried for the store's patience, as while Redis is
+    unreachable (memory may be freed, the limit raised), then raises
+    RedisUnavailable saying Redis is out of memory; it has changed nothing.
+    Reads outside a transaction still answer; with room again, the same
+    calls go through."""
+    from vertical.frontier.redis import RedisUnavailable
+
+    with RedisServer(appendonly=False) as server:
+        client = server.client()
+        store = RedisFrontier(client, uri=server.url, patience=0.2)
+        store.add([rec(n) for n in range(1, 21)])
+        held = claim(store, owner="a", limit=10)
+        for r in held:
+            r.checksum, r.visits, r.fetch_time, r.next_fetch = 7, 1, NOW, NOW + DAY
+
+        def snapshot() -> dict[bytes, bytes]:
+            return {key: client.dump(key) for key in client.scan_iter(count=1000)}
+
+        before = snapshot()
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+        calls = {
+            "save": lambda: store.save(held[:5], owner="a", outbox={held[0].fingerprint: [(1, "item")]}),
+            "add": lambda: store.add([rec(n) for n in range(21, 31)]),
+            "renew": lambda: store.renew(SITE, "a", fps(held), 600),
+            "heartbeat": lambda: store.heartbeat(SITE, "b", 600, {}),
+            "meta": lambda: store.update_meta(SITE, "n", lambda v: (v or 0) + 1),
+        }
+        for name, call in calls.items():
+            with pytest.raises(RedisUnavailable, match="out of memory"):
+                call()
+            assert snapshot() == before, f"{name} changed the store"
+        assert store.count(SITE) == 20 and store.known(SITE, fps(held)) == fps(held)
+
+        client.config_set("maxmemory", 0)
+        assert store.save(held[:5], owner="a") == []
+        assert {store.get(SITE, r.fingerprint).checksum for r in held[:5]} == {7}
+        assert store.update_meta(SITE, "n", lambda v: (v or 0) + 1) == 1
+
+
 # -- crawl processes ------------------------------------------------------------------------
 
 

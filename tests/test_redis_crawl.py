@@ -10,12 +10,13 @@ import shutil
 import subprocess
 import time
 from collections import Counter, defaultdict
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.crawling import collect, crawl, kill, site_file, start_crawl, wait_for
-from tests.redis_server import LossyProxy, RedisServer
+from tests.redis_server import LossyProxy, RedisServer, refused_port
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
 from vertical.frontier.redis import RedisFrontier
@@ -172,6 +173,81 @@ def assert_exactly_once(every: list[dict], truth: dict[str, dict], base_url: str
     assert max(items.values()) == 1
     assert all(records[p].visits == 1 and records[p].checksum for p in truth)
     assert not [p for p, r in records.items() if r.claim_owner]
+
+
+def test_redis_full_mid_crawl_ends_the_crawl_and_loses_nothing(tmp_path):
+    """Redis reaches its maxmemory mid-crawl (``noeviction``: it refuses the
+    commands that add data) and stays full. The store holds each write for
+    its patience, as with a Redis that is gone, then the crawl closes by
+    itself (``store_unavailable``, exit status 1) with one error that says
+    Redis is out of memory; the store says fetched no page the crawl did not
+    write back. Memory raised, a new run emits the rest: nothing is lost."""
+    patience, heartbeat = 3.0, 2.0
+    bound = patience + heartbeat + 60.0  # as for a Redis killed for good
+    with RedisServer(appendonly=False) as redis_server, serve(DemoSite(seed=0, films=60)) as demo:
+        client = redis_server.client()
+        store = f"{redis_server.url}/0?patience={patience:g}"
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.1, "concurrency": 1})
+        proc = start_crawl(site, store, tmp_path, tag="1",
+                           settings={"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": heartbeat})
+        try:
+            wait_for(lambda: len(page_requests(demo)) >= 15 or proc.poll() is not None)
+            assert proc.poll() is None, "the crawl ended before Redis was full"
+            # Full from now on: a limit far under what Redis holds.
+            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+            try:
+                _, stderr = proc.communicate(timeout=bound)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the crawl still runs {bound:g}s after its Redis was full")
+        finally:
+            if proc.poll() is None:
+                kill(proc)
+        full = collect(tmp_path, proc.returncode, "1", stderr=stderr)
+        fetched_then = {r["path"] for r in page_requests_of(demo.requests)}
+        truth = demo.site.truth()
+        assert not set(truth) <= fetched_then  # full mid-crawl
+
+        assert full.returncode == 1, stderr[-3000:]
+        assert full.stats["finish_reason"] == "store_unavailable"
+        errors = [line for line in full.log.splitlines() if " ERROR: " in line]
+        assert len(errors) == 1 and store in errors[0] and "out of memory" in errors[0], errors
+        assert "Traceback" not in full.log, full.log[-5000:]
+
+        client.config_set("maxmemory", 0)
+        records = store_records(store)
+        written = [p for p, r in records.items() if r.visits or r.state == "forbidden"]
+        confirmed = full.stat("vertical/commit/records")
+        assert confirmed == len(written)  # a refused write is refused whole
+        assert set(written) <= fetched_then | {p for p in records if records[p].state == "forbidden"}
+        again = crawl(site, store, tmp_path, tag="2")
+    emitted = set(documents(full.items)) | set(documents(again.items))
+    assert emitted == truth_documents(truth, demo.url)
+
+
+@pytest.mark.parametrize("kind", ["evicting", "unreachable"])
+def test_a_redis_the_store_cannot_use_stops_the_crawl_before_any_request(tmp_path, kind):
+    """Before any request, with one error naming the store and why, exit
+    status 1 and no traceback: a Redis whose maxmemory-policy may evict any
+    key (``allkeys-lru``, as a cache is set up), which would lose URL records
+    without a word once full (reason ``store_unsuitable``; the error names the
+    fix); a Redis unreachable for the store's patience (``store_unavailable``)."""
+    with ExitStack() as stack:
+        demo = stack.enter_context(serve(DemoSite(seed=0)))
+        if kind == "evicting":
+            server = stack.enter_context(RedisServer(appendonly=False,
+                                                     extra_args=("--maxmemory-policy", "allkeys-lru")))
+            store, reason, says = f"{server.url}/0?patience=3", "store_unsuitable", ("allkeys-lru", "noeviction")
+        else:
+            port = stack.enter_context(refused_port())
+            store, reason, says = f"redis://127.0.0.1:{port}/0?patience=1", "store_unavailable", ("unreachable",)
+        result = crawl(site_file(tmp_path, demo.url), store, tmp_path, check=False)
+        requests = demo.requests
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stats["finish_reason"] == reason
+    errors = [line for line in result.log.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1 and store in errors[0] and all(s in errors[0] for s in says), errors
+    assert "Traceback" not in result.log, result.log[-5000:]
+    assert requests == []
 
 
 def test_replies_lost_mid_crawl_lose_nothing_and_fetch_nothing_twice(tmp_path, redis_server, redis_url):

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import CloseSpider
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
@@ -76,7 +77,7 @@ from twisted.python.failure import Failure
 from vertical.budget import ALLOWANCE_KEY, BudgetPacer, RunAllowance, draw
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
-from vertical.frontier import Frontier, Lane, StoreUnavailable, open_frontier
+from vertical.frontier import Frontier, Lane, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.estimate import changed_after
@@ -116,8 +117,12 @@ CRAWL_DELAYS_KEY = "crawl_delays"  # site meta: host -> the Crawl-delay its robo
 QUEUE_HORIZON = 30.0
 #: Heartbeats a process may miss before others take it for dead.
 MISSED_HEARTBEATS = 3
-#: The finish reason of a crawl whose store was unreachable for longer than its patience.
+#: The finish reason of a crawl whose store was unreachable (or took no
+#: write: a full Redis) for longer than its patience.
 STORE_UNAVAILABLE = "store_unavailable"
+#: The finish reason of a crawl whose store cannot be used as it is (see
+#: :class:`~vertical.frontier.base.UnsuitableStore`): before any request.
+STORE_UNSUITABLE = "store_unsuitable"
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:
@@ -265,13 +270,33 @@ class FrontierScheduler(BaseScheduler):
         self.commit = commit
         self.store = StoreThread(partial(open_frontier, self.store_uri, **_redis_params(self._settings)))
         commit.attach(self)
-        return Deferred.fromCoroutine(self._open(spider))
+        return Deferred.fromCoroutine(self._open_or_close(spider))
+
+    async def _open_or_close(self, spider: Spider) -> None:
+        """Open; a store that cannot be reached or used closes the crawl
+        before any request, with one error naming the store and why."""
+        try:
+            await self._open(spider)
+        except (StoreUnavailable, UnsuitableStore) as exc:
+            self._store_gone("open", Failure(exc))  # logged once: an earlier call may have found it first
+            reason = STORE_UNAVAILABLE if isinstance(exc, StoreUnavailable) else STORE_UNSUITABLE
+
+            # Scrapy's way for a component that fails to start is CloseSpider.
+            # Raised here it would skip opening the scraper, whose close then
+            # fails: raised from spider_opened, the engine opens everything
+            # and closes it again, with this reason.
+            def close(**_: Any) -> None:
+                raise CloseSpider(reason)
+
+            self._close_at_open = close  # signals keep weak references
+            self.crawler.signals.connect(close, signal=signals.spider_opened)
 
     async def _open(self, spider: Spider) -> None:
         site = self.site
         assert self.store is not None
         self.frontier = await self.store.open()
         call = self.store.call
+        await call(self.frontier.check_for_crawl)
         refetch = site.refetch
         self.schedule = make_schedule(refetch.schedule, initial=refetch.initial, min_delay=refetch.min,
                                       max_delay=refetch.max, factor=refetch.factor, **refetch.params)
@@ -1307,7 +1332,7 @@ class FrontierScheduler(BaseScheduler):
         (:meth:`_store_gone`); what fails after that is its consequence,
         counted and not logged again."""
         self.stats.inc_value(f"vertical/store/failed/{what}")
-        if failure.check(StoreUnavailable):
+        if failure.check(StoreUnavailable, UnsuitableStore):
             self._store_gone(what, failure)
         elif self.store_gone is not None:
             logger.debug("Store call failed (%s) after the store was gone: %s", what, failure.getErrorMessage())
@@ -1316,22 +1341,27 @@ class FrontierScheduler(BaseScheduler):
                          exc_info=(failure.type, failure.value, failure.getTracebackObject()))
 
     def _store_gone(self, what: str, failure: Failure) -> None:
-        """The store has been unreachable for longer than its patience (its
-        own retries ran out): nothing this process does can be kept without
-        it, so the crawl closes. Logged once; the engine closes the spider
-        with :data:`STORE_UNAVAILABLE`, waiting for the downloads under way
-        (their items reach the feeds)."""
+        """The store has been unreachable (or full) for longer than its
+        patience (its own retries ran out), or cannot be used at all: nothing
+        this process does can be kept without it, so the crawl closes. Logged
+        once; the engine closes the spider with :data:`STORE_UNAVAILABLE` (or
+        :data:`STORE_UNSUITABLE`), waiting for the downloads under way (their
+        items reach the feeds). While opening, the open closes it."""
         if self.store_gone is not None:
             return
         self.store_gone = what
         self.stats.set_value("vertical/store/unavailable", what)
-        logger.error("Store %s unavailable: the %s call failed (%s). Closing the crawl (%s): items emitted so "
-                     "far stay in the feeds; pages fetched and not written back are fetched again by a later run.",
-                     self.store_uri, what, failure.getErrorMessage(), STORE_UNAVAILABLE)
+        unsuitable = failure.check(UnsuitableStore) is not None
+        reason = STORE_UNSUITABLE if unsuitable else STORE_UNAVAILABLE
+        opening = self._heartbeat is None
+        logger.error("Store %s %s: the %s call failed (%s). Closing the crawl (%s)%s.", self.store_uri,
+                     "cannot be used" if unsuitable else "unavailable", what, failure.getErrorMessage(), reason,
+                     " before any request" if opening else ": items emitted so far stay in the feeds; pages "
+                     "fetched and not written back are fetched again by a later run")
         engine = self.crawler.engine
-        if self._closing or self._heartbeat is None or engine is None or engine.spider is None:
-            return  # closing already, or still opening (the open fails): the store is left as it is
-        d = deferred_from_coro(engine.close_spider_async(reason=STORE_UNAVAILABLE))
+        if self._closing or opening or engine is None or engine.spider is None:
+            return  # closing already, or still opening (the open closes the crawl): the store is left as it is
+        d = deferred_from_coro(engine.close_spider_async(reason=reason))
         d.addErrback(lambda f: logger.error("Closing the crawl failed: %s", f.getErrorMessage(),
                                             exc_info=(f.type, f.value, f.getTracebackObject())))
 

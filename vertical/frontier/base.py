@@ -38,6 +38,12 @@ class StoreUnavailable(Exception):
     (:class:`~vertical.scheduler.FrontierScheduler`, ``store_unavailable``)."""
 
 
+class UnsuitableStore(Exception):
+    """The store cannot be used as it is (written in another layout, or a
+    server that could not keep its promises): a crawl closes before any
+    request (``store_unsuitable``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Lane:
     """Which records a crawl process takes (Loki's fast and slow spiders).
@@ -397,6 +403,11 @@ class Frontier(ABC):
     @abstractmethod
     def all_meta(self, site: str) -> dict[str, Any]:
         """Every meta key of a site and its value (to move a site between stores)."""
+
+    def check_for_crawl(self) -> None:
+        """Raise :class:`UnsuitableStore` if a crawl on this store could not
+        keep its promises (a crawl asks before any request; commands that
+        read or move a store do not, so that a store can be rescued)."""
 
     def close(self) -> None:
         pass

@@ -104,7 +104,8 @@ from redis.retry import Retry
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import get_redis
 
-from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, StoreUnavailable, check_outbox, merge_extra
+from vertical.frontier.base import (ALL, Frontier, Lane, OwnerInfo, StoreUnavailable, UnsuitableStore, check_outbox,
+                                   merge_extra)
 from vertical.record import PARKED_STATES, STATES, URLRecord
 
 logger = logging.getLogger(__name__)
@@ -138,12 +139,31 @@ URLDICT_MIN_RECORDS, URLDICT_SAMPLE, URLDICT_CHECK = 1000, 400, 5000
 
 SEP = "\x1f"
 _FP = struct.Struct(">q")
-_RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
+#: Errors a call is retried on for the store's patience: Redis unreachable,
+#: a replica that became read-only in a failover, and a Redis out of memory
+#: (``maxmemory`` reached under ``noeviction``: it takes writes again once
+#: memory is freed or the limit raised).
+_RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, redis.OutOfMemoryError)
 
 
 class RedisUnavailable(StoreUnavailable, redis.ConnectionError):
-    """Redis did not answer for the store's patience (raised from the last
-    error); still a ``redis.ConnectionError`` for callers that catch those."""
+    """Redis did not answer, or took no write, for the store's patience
+    (raised from the last error); still a ``redis.ConnectionError`` for
+    callers that catch those."""
+
+
+def _unavailable(exc: Exception) -> str:
+    """What a retried error says of Redis, for the log."""
+    if isinstance(exc, redis.OutOfMemoryError):
+        return "out of memory (maxmemory reached: free memory or raise the limit)"
+    if isinstance(exc, redis.ReadOnlyError):
+        return "read-only (a replica)"
+    return "unreachable"
+
+
+class UnsuitableRedis(UnsuitableStore):
+    """The Redis server cannot keep the store's promises: it is free to
+    evict any key when full."""
 
 # -- record encoding ------------------------------------------------------------
 # head:  state index | 8 if next_fetch == fetch_time + refetch_delay (not stored)
@@ -1273,7 +1293,7 @@ class _Layout(NamedTuple):
             yield base.encode() + b":r:" + suffix, suffix[k - whole :]
 
 
-class LayoutError(RuntimeError):
+class LayoutError(UnsuitableStore, RuntimeError):
     """The Redis store was written by another version of this module."""
 
 
@@ -1389,6 +1409,19 @@ class RedisFrontier(Frontier):
                                    min(INDEX_BUCKET_MAX, self._listpack_config()))
         return self._layout
 
+    def check_for_crawl(self) -> None:
+        """Refuse a Redis whose ``maxmemory-policy`` may evict any key
+        (``allkeys-*``): full, it would drop URL records and claims without a
+        word. ``volatile-*`` evicts only keys with an expiry (a retried call's
+        ticket, a turn at a host), as most managed services do by default:
+        allowed. (INFO, not CONFIG GET, which managed services refuse.)"""
+        policy = str(self._retry(lambda _: self.client.info("memory")).get("maxmemory_policy", "noeviction"))
+        if policy.startswith("allkeys-"):
+            raise UnsuitableRedis(
+                f"Redis {self.uri or self.client} has maxmemory-policy {policy}: once full it evicts any key, and "
+                f"the store would lose URL records and claims without a word. Set it to noeviction (CONFIG SET "
+                f"maxmemory-policy noeviction, or in redis.conf), or give the store a Redis of its own")
+
     def _listpack_config(self) -> int:
         """Raise the server's listpack limits to LISTPACK_CONFIG where they
         are lower and it lets us (CONFIG SET); return zset-max-listpack-entries."""
@@ -1441,12 +1474,13 @@ class RedisFrontier(Frontier):
                 # The last wait ends at the deadline: unreachable for the
                 # whole patience, not for the sum of the waits that fit in it.
                 left = deadline - time.monotonic()
+                state = _unavailable(exc)
                 if left <= 0:
                     self._gave_up = True
-                    raise RedisUnavailable(f"Redis unreachable for longer than the store's patience "
+                    raise RedisUnavailable(f"Redis {state} for longer than the store's patience "
                                            f"({self.patience:g}s): {exc}") from exc
-                logger.warning("Redis frontier %s unreachable (%s); retrying in %.1fs",
-                               self.uri or self.client, exc, min(delay, left))
+                logger.warning("Redis frontier %s %s (%s); retrying in %.1fs",
+                               self.uri or self.client, state, exc, min(delay, left))
                 time.sleep(min(delay, left))
                 delay, first = min(delay * 2, RETRY_DELAYS[1]), False
             else:
