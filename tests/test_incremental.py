@@ -246,6 +246,29 @@ def test_bad_config_stops_before_any_request(demo, tmp_path, override, key, prob
     assert not (tmp_path / "f.sqlite3").exists()
 
 
+@pytest.mark.parametrize("kind", ["not a database", "a directory it may not create"])
+def test_a_store_that_cannot_be_opened_stops_before_any_request(demo, tmp_path, kind):
+    """A VERTICAL_STORE that names no usable SQLite file is bad input too:
+    one error naming the store and why, no request, exit status 1 (reason
+    ``store_unsuitable``), no traceback."""
+    if kind == "not a database":
+        store = tmp_path / "notes.sqlite3"
+        store.write_text("these are my notes, not a frontier\n" * 100)
+        cause = "file is not a database"
+    else:
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        store, cause = blocker / "frontier.sqlite3", "File exists"
+    demo.clear_log()
+    result = crawl(site_file(tmp_path, demo.url), store, tmp_path, check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stats["finish_reason"] == "store_unsuitable"
+    errors = [line for line in result.log.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1 and str(store) in errors[0] and cause in errors[0], errors
+    assert "Traceback" not in result.log + result.stderr
+    assert demo.requests == []
+
+
 def test_yaml_tags_construct_no_python_objects(demo, tmp_path):
     site = tmp_path / "evil.yaml"
     marker = tmp_path / "pwned"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, check_outbox, merge_extra
+from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, UnsuitableStore, check_outbox, merge_extra
 from vertical.record import PARKED_STATES, URLRecord
 
 logger = logging.getLogger(__name__)
@@ -255,12 +255,18 @@ class SQLiteFrontier(Frontier):
 
     def __init__(self, path: str | Path, *, timeout: float = 60.0) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.uri = f"sqlite:///{self.path}"
         # The crawler uses the store from the reactor thread only; the lock
         # guards the rare cross-thread use (commands, tests).
         self._lock = threading.RLock()
+        try:
+            self._open(timeout)
+        except (OSError, sqlite3.Error) as exc:  # a directory it may not create, a file that is no database
+            raise UnsuitableStore(f"SQLite store {self.path} cannot be opened: {exc}") from exc
+
+    def _open(self, timeout: float) -> None:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
                                    check_same_thread=False)
         self._journal_mode_wal(timeout)
