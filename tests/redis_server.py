@@ -38,7 +38,31 @@ def refused_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-class RedisServer:
+class FreePortServer:
+    """A server on a port it was given, or on a free one it picks: another
+    process (a test run in parallel) may take that port before the server
+    binds it, and then it picks again, on its first start only (a restart
+    keeps the clients' port)."""
+
+    port: int
+    _picked: bool  # the port is this object's to pick again
+
+    def _start(self, timeout: float) -> bool:
+        """Start on ``self.port``: True once it serves, False if the port is taken."""
+        raise NotImplementedError
+
+    def _start_on_a_port(self, timeout: float, what: str, log: Callable[[], str]) -> None:
+        for _ in range(5):
+            if self._start(timeout):
+                self._picked = False
+                return
+            if not self._picked:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"{what} could not listen on port {self.port}:\n{log()}")
+
+
+class RedisServer(FreePortServer):
     """``with RedisServer() as server: server.url`` -> ``redis://127.0.0.1:PORT``.
 
     ``appendonly`` (the default) makes every write durable across
@@ -47,8 +71,6 @@ class RedisServer:
 
     def __init__(self, *, appendonly: bool = True, port: int | None = None,
                  directory: str | Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
-        #: Whether the port is ours to pick again: another process (a test
-        #: run in parallel) may take a free port before the server binds it.
         self._picked = port is None
         self.port = port or free_port()
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="vertical-redis-")
@@ -65,22 +87,13 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, db=db)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start the server and wait until it serves its data set. A port this
-        object picked that another process took first is picked again (on
-        the first start only: a restart keeps the clients' port)."""
-        if self.process is not None:
-            return self
-        for _ in range(5):
-            if self._start(timeout):
-                self._picked = False
-                return self
-            if not self._picked:
-                break
-            self.port = free_port()
-        raise RuntimeError(f"redis-server could not listen on port {self.port}: {self._log()}")
+        """Start the server and wait until it serves its data set (see
+        :class:`FreePortServer` for its port)."""
+        if self.process is None:
+            self._start_on_a_port(timeout, "redis-server", self._log)
+        return self
 
     def _start(self, timeout: float) -> bool:
-        """Start on ``self.port``: True once it serves, False if the port is taken."""
         args = [
             REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.directory), "--save", "",

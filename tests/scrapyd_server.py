@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.redis_server import free_port
+from tests.redis_server import FreePortServer, free_port
 
 __all__ = ["ScrapydError", "ScrapydServer", "isolated_python"]
 
@@ -54,7 +54,7 @@ def isolated_python(directory: str | Path) -> Path:
     return python
 
 
-class ScrapydServer:
+class ScrapydServer(FreePortServer):
     """``with ScrapydServer() as scrapyd: scrapyd.url`` -> ``http://127.0.0.1:PORT/``.
 
     *python* is the interpreter that runs Scrapyd and, through it, every job.
@@ -64,7 +64,7 @@ class ScrapydServer:
                  directory: str | Path | None = None, poll_interval: float = 0.2,
                  jobs_to_keep: int = 10) -> None:
         self.python = str(python)
-        self._picked = port is None  # see RedisServer: a port taken meanwhile is picked again
+        self._picked = port is None
         self.port = port or free_port()
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="vertical-scrapyd-")
         self.directory = Path(directory or self._tmp.name).resolve()
@@ -91,19 +91,11 @@ class ScrapydServer:
     # -- process ----------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> ScrapydServer:
-        if self.process is not None:
-            return self
-        for _ in range(5):
-            if self._start(timeout):
-                self._picked = False
-                return self
-            if not self._picked:
-                break
-            self.port = free_port()
-        raise RuntimeError(f"scrapyd could not listen on port {self.port}:\n{self.server_log.read_text()}")
+        if self.process is None:
+            self._start_on_a_port(timeout, "scrapyd", self.server_log.read_text)
+        return self
 
     def _start(self, timeout: float) -> bool:
-        """Start on ``self.port``: True once it answers, False if the port is taken."""
         (self.directory / "scrapyd.conf").write_text(
             "[scrapyd]\n"
             "bind_address = 127.0.0.1\n"

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+import resource
 import signal
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.crawling import collect, crawl, crawl_log, kill, site_file, start_crawl, wait_for
+from tests.crawling import REPO, collect, crawl, crawl_command, crawl_log, kill, site_file, start_crawl, wait_for
+from tests.crawling import _env as crawl_env
+from tests.test_redis_crawl import documents, page_requests, truth_documents
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
 from vertical.frontier.sqlite import SQLiteFrontier
@@ -222,6 +226,43 @@ def test_killed_crawl_loses_no_url_record(tmp_path):
         assert set(truth) <= fetched
         assert not [r for r in after.values() if r.claim_owner]
         assert result.returncode == 0
+
+
+def test_a_full_disk_ends_the_crawl_and_loses_nothing(tmp_path):
+    """The store's disk fills mid-crawl (the crawl process may grow no file
+    past a size, RLIMIT_FSIZE: the store's write-ahead log reaches it first,
+    and SQLite fails every write with "disk I/O error"). The crawl does not
+    spin: the first failure is logged, and once the store has taken no write
+    for VERTICAL_STORE_PATIENCE seconds the crawl closes by itself
+    (``store_unavailable``, exit status 1), leaving its heartbeat since it
+    could not give back its claims. With room again, the next run finds it
+    dead, takes its claims over at once (not after the 600-s lease) and
+    emits the rest: no document is lost."""
+    patience, limit = 3.0, 300_000
+
+    def full_disk() -> None:  # in the crawl process, before it starts
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    with serve(DemoSite(seed=0, films=400)) as demo:
+        site, store = site_file(tmp_path, demo.url), tmp_path / "f.sqlite3"
+        settings = {"LOG_LEVEL": "WARNING", "VERTICAL_STORE_PATIENCE": patience}
+        cmd = crawl_command(site, store, tmp_path, items="items1.jsonl", tag="1", settings=settings)
+        # Bounded by the patience, the heartbeat and the close, on a loaded
+        # machine: only a crawl that spins on its failing store gets near it.
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120, env=crawl_env(),
+                              preexec_fn=full_disk)
+        full = collect(tmp_path, proc.returncode, "1", stderr=proc.stderr)
+        assert len(page_requests(demo)) < len(demo.site.truth())  # full mid-crawl
+        assert full.returncode == 1, full.stderr[-3000:]
+        assert full.stats["finish_reason"] == "store_unavailable"
+        errors = [line for line in full.log.splitlines() if " ERROR: " in line]
+        assert len(errors) == 2 and "VERTICAL_STORE_PATIENCE" in errors[1], errors  # the first failure, the end
+        assert full.log.count("Traceback") == 1  # the first failure's
+
+        again = crawl(site, store, tmp_path, tag="2")
+        truth = demo.site.truth()
+    emitted = set(documents(full.items)) | set(documents(again.items))
+    assert emitted == truth_documents(truth, demo.url)
 
 
 @pytest.mark.parametrize(("override", "key", "problem"), [

@@ -30,6 +30,8 @@ DAY = 86400
 # TIME has whole microseconds, and floats at today's epoch are 0.24 us apart.
 CLOCK = 1e-5
 AGENTS = ("crawler-a", "crawler-b", "crawler-c")
+#: The store's patience and the heartbeat of a crawl whose store fails for good.
+STORE_PATIENCE, STORE_HEARTBEAT = 3.0, 2.0
 
 
 def page_requests(server, agent: str | None = None) -> list[dict]:
@@ -175,49 +177,63 @@ def assert_exactly_once(every: list[dict], truth: dict[str, dict], base_url: str
     assert not [p for p, r in records.items() if r.claim_owner]
 
 
+def run_until_the_store_fails(demo, site: Path, store: str, tmp_path: Path, fault, says: str):
+    """Crawl ``site`` on ``store`` and, mid-crawl, break the store for good
+    with ``fault()``. The crawl must close by itself (finish reason
+    ``store_unavailable``, exit status 1) with one error naming the store and
+    saying ``says``, and no traceback. Returns its result.
+
+    The store gives up a patience after its first failed call, which comes
+    within a heartbeat (the heartbeat calls the store even while idle); the
+    close then waits for the downloads under way. The margin is for a loaded
+    machine: only a crawl that does not end gets near it."""
+    bound = STORE_PATIENCE + STORE_HEARTBEAT + 60.0
+    proc = start_crawl(site, store, tmp_path, tag="1",
+                       settings={"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": STORE_HEARTBEAT})
+    try:
+        wait_for(lambda: len(page_requests(demo)) >= 15 or proc.poll() is not None)
+        assert proc.poll() is None, "the crawl ended before its store failed"
+        fault()
+        try:
+            _, stderr = proc.communicate(timeout=bound)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the crawl still runs {bound:g}s after its store failed")
+    finally:
+        if proc.poll() is None:
+            kill(proc)
+    result = collect(tmp_path, proc.returncode, "1", stderr=stderr)
+    assert not set(demo.site.truth()) <= {r["path"] for r in page_requests_of(demo.requests)}  # mid-crawl
+    assert result.returncode == 1, stderr[-3000:]
+    assert result.stats["finish_reason"] == "store_unavailable"
+    assert result.stats["vertical/store/unavailable"]  # the call that found it gone
+    errors = [line for line in result.log.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1 and store in errors[0] and says in errors[0], errors
+    assert "Traceback" not in result.log, result.log[-5000:]
+    return result
+
+
 def test_redis_full_mid_crawl_ends_the_crawl_and_loses_nothing(tmp_path):
     """Redis reaches its maxmemory mid-crawl (``noeviction``: it refuses the
     commands that add data) and stays full. The store holds each write for
     its patience, as with a Redis that is gone, then the crawl closes by
-    itself (``store_unavailable``, exit status 1) with one error that says
-    Redis is out of memory; the store says fetched no page the crawl did not
-    write back. Memory raised, a new run emits the rest: nothing is lost."""
-    patience, heartbeat = 3.0, 2.0
-    bound = patience + heartbeat + 60.0  # as for a Redis killed for good
+    itself, its error saying Redis is out of memory; the store says fetched
+    every page the crawl wrote back (a refused write is refused whole), and
+    no other. Memory raised, a new run emits the rest: nothing is lost."""
     with RedisServer(appendonly=False) as redis_server, serve(DemoSite(seed=0, films=60)) as demo:
         client = redis_server.client()
-        store = f"{redis_server.url}/0?patience={patience:g}"
+        store = f"{redis_server.url}/0?patience={STORE_PATIENCE:g}"
         site = site_file(tmp_path, demo.url, politeness={"delay": 0.1, "concurrency": 1})
-        proc = start_crawl(site, store, tmp_path, tag="1",
-                           settings={"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": heartbeat})
-        try:
-            wait_for(lambda: len(page_requests(demo)) >= 15 or proc.poll() is not None)
-            assert proc.poll() is None, "the crawl ended before Redis was full"
-            # Full from now on: a limit far under what Redis holds.
+
+        def fill() -> None:  # a limit far under what Redis holds
             client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
-            try:
-                _, stderr = proc.communicate(timeout=bound)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"the crawl still runs {bound:g}s after its Redis was full")
-        finally:
-            if proc.poll() is None:
-                kill(proc)
-        full = collect(tmp_path, proc.returncode, "1", stderr=stderr)
+
+        full = run_until_the_store_fails(demo, site, store, tmp_path, fill, "out of memory")
         fetched_then = {r["path"] for r in page_requests_of(demo.requests)}
         truth = demo.site.truth()
-        assert not set(truth) <= fetched_then  # full mid-crawl
-
-        assert full.returncode == 1, stderr[-3000:]
-        assert full.stats["finish_reason"] == "store_unavailable"
-        errors = [line for line in full.log.splitlines() if " ERROR: " in line]
-        assert len(errors) == 1 and store in errors[0] and "out of memory" in errors[0], errors
-        assert "Traceback" not in full.log, full.log[-5000:]
-
         client.config_set("maxmemory", 0)
         records = store_records(store)
         written = [p for p, r in records.items() if r.visits or r.state == "forbidden"]
-        confirmed = full.stat("vertical/commit/records")
-        assert confirmed == len(written)  # a refused write is refused whole
+        assert full.stat("vertical/commit/records") == len(written)
         assert set(written) <= fetched_then | {p for p in records if records[p].state == "forbidden"}
         again = crawl(site, store, tmp_path, tag="2")
     emitted = set(documents(full.items)) | set(documents(again.items))
@@ -315,39 +331,13 @@ def test_redis_killed_for_good_ends_the_crawl(tmp_path):
     the store, and keeps what can be kept: the items it emitted are in the
     feed, and the store says fetched no page it did not write back. Redis
     restarted afterwards, a new run emits the rest: no document is lost."""
-    patience, heartbeat = 3.0, 2.0
-    # The store gives up a patience after its first failed call, which comes
-    # within a heartbeat (the heartbeat calls the store even while idle); the
-    # close then waits for the downloads under way. The margin is for a
-    # loaded machine: only a crawl that does not end gets near it.
-    bound = patience + heartbeat + 60.0
     with RedisServer(appendonly=True) as redis_server, serve(DemoSite(seed=0, films=60)) as demo:
-        store = f"{redis_server.url}/0?patience={patience:g}"
+        store = f"{redis_server.url}/0?patience={STORE_PATIENCE:g}"
         site = site_file(tmp_path, demo.url, politeness={"delay": 0.1, "concurrency": 1})
-        proc = start_crawl(site, store, tmp_path, tag="1",
-                           settings={"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": heartbeat})
-        try:
-            wait_for(lambda: len(page_requests(demo)) >= 15 or proc.poll() is not None)
-            assert proc.poll() is None, "the crawl ended before Redis was killed"
-            redis_server.stop(kill=True)
-            try:
-                _, stderr = proc.communicate(timeout=bound)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"the crawl still runs {bound:g}s after its Redis was killed")
-        finally:
-            if proc.poll() is None:
-                kill(proc)
-        gone = collect(tmp_path, proc.returncode, "1", stderr=stderr)
+        gone = run_until_the_store_fails(demo, site, store, tmp_path, lambda: redis_server.stop(kill=True),
+                                         "patience")
         fetched_then = {r["path"] for r in page_requests_of(demo.requests)}
         truth = demo.site.truth()
-        assert not set(truth) <= fetched_then  # killed mid-crawl
-
-        assert gone.returncode == 1, stderr[-3000:]
-        assert gone.stats["finish_reason"] == "store_unavailable"
-        assert gone.stats["vertical/store/unavailable"]  # the call that found it gone
-        errors = [line for line in gone.log.splitlines() if " ERROR: " in line]
-        assert len(errors) == 1 and store in errors[0] and "patience" in errors[0], errors
-        assert "Traceback" not in gone.log, gone.log[-5000:]
         assert gone.items  # emitted before the kill, and still in the feed
 
         # Redis back (its append-only file replayed): the store's fetched (or

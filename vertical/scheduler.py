@@ -176,6 +176,7 @@ class FrontierScheduler(BaseScheduler):
         # The last answer to "anything due?": when, after how many store writes, what.
         self._pending_cache: tuple[float, int, bool] = (0.0, -1, False)
         self._heartbeat: task.LoopingCall | None = None
+        self._released = False  # the close gave back this process's claims
         self._poll_call: Any = None  # the wake-up of the next store poll (IDelayedCall)
         self._seen_saver: task.LoopingCall | None = None
         self._refitter: task.LoopingCall | None = None
@@ -214,6 +215,10 @@ class FrontierScheduler(BaseScheduler):
         #: The store call that found the store gone (unreachable for longer
         #: than its patience), once one has: the crawl is closing.
         self.store_gone: str | None = None
+        #: When store calls began to fail with no write taken since (a full
+        #: disk, a file another program holds locked): see store_failed.
+        self._failing_since: float | None = None
+        self.store_patience: float = settings.getfloat("VERTICAL_STORE_PATIENCE")
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -517,9 +522,12 @@ class FrontierScheduler(BaseScheduler):
                 logger.exception("Saving the seen filter failed")
         try:
             await self._call(leave)
-        except StoreUnavailable as exc:
-            # Its claims run out with their lease (or this process's heartbeat).
-            self.store_failed("leave", Failure(exc))
+        except Exception:
+            # Its claims stay until another process finds this one dead (see
+            # shutdown); a store already gone is counted, not logged again.
+            self.store_failed("leave", Failure())
+        else:
+            self._released = True
         for key, value in self.seen.stats().items():
             self.stats.set_value(f"vertical/seen/{key}", value)
         if self.frontier.collisions:
@@ -537,7 +545,11 @@ class FrontierScheduler(BaseScheduler):
         store = self.store
         if store is None:
             return succeed(None)
-        if store.frontier is None:
+        if store.frontier is None or not self._released:
+            # Claims not given back (the store took no write): the heartbeat
+            # stays, so that the next process finds this one dead (its pid
+            # gone, its beats missed) and takes them over at once, not after
+            # the lease.
             return store.close()
         d = store.call(store.frontier.forget_owner, self.site.name, self.owner)
         d.addErrback(partial(self.store_failed, "leave"))
@@ -1131,6 +1143,7 @@ class FrontierScheduler(BaseScheduler):
             self.stats.set_value("vertical/budget/processes", self.pacer.processes)
         # Every claim held when the beat was sent runs a lease from then on.
         self._renewed_at = asked
+        self._failing_since = None  # the beat was a write the store took
         if held:
             self.stats.inc_value("vertical/scheduler/lease_renewals")
         if dead:
@@ -1308,8 +1321,10 @@ class FrontierScheduler(BaseScheduler):
         return self.store.call(fn, *args, **kwargs)
 
     def _stored(self) -> None:
-        """The store was written: what it said was due may have changed."""
+        """The store was written: what it said was due may have changed (and
+        it takes writes)."""
         self._stores += 1
+        self._failing_since = None
 
     def written(self) -> None:
         """The commit wrote pages back: the engine may ask whether the crawl
@@ -1329,16 +1344,26 @@ class FrontierScheduler(BaseScheduler):
         """A store call failed (the store thread logged nothing): count it and
         log it; its data stays where it was, for the next attempt. A store
         unreachable for longer than its patience ends the crawl
-        (:meth:`_store_gone`); what fails after that is its consequence,
-        counted and not logged again."""
+        (:meth:`_store_gone`), and so does one that takes no write for
+        ``VERTICAL_STORE_PATIENCE`` seconds while its calls keep failing (a
+        full disk: reads may still answer). The first failure of such a run is
+        logged with its traceback, the others counted; what fails after the
+        store is gone is its consequence, counted and not logged again."""
         self.stats.inc_value(f"vertical/store/failed/{what}")
         if failure.check(StoreUnavailable, UnsuitableStore):
             self._store_gone(what, failure)
         elif self.store_gone is not None:
             logger.debug("Store call failed (%s) after the store was gone: %s", what, failure.getErrorMessage())
-        else:
+        elif self._failing_since is None:
+            self._failing_since = time.monotonic()
             logger.error("Store call failed (%s): %s", what, failure.getErrorMessage(),
                          exc_info=(failure.type, failure.value, failure.getTracebackObject()))
+        elif time.monotonic() - self._failing_since >= self.store_patience:
+            self._store_gone(what, Failure(StoreUnavailable(
+                f"its calls failed for {self.store_patience:g}s with no write taken "
+                f"(VERTICAL_STORE_PATIENCE); the last: {failure.getErrorMessage()}")))
+        else:
+            logger.debug("Store call failed (%s) again: %s", what, failure.getErrorMessage())
 
     def _store_gone(self, what: str, failure: Failure) -> None:
         """The store has been unreachable (or full) for longer than its

@@ -23,6 +23,11 @@ VERTICAL_LEASE = 600
 # misses three (or whose pid is gone, on the same machine) is taken for dead
 # and its claims are released at once, whatever their lease.
 VERTICAL_HEARTBEAT = 10
+# Seconds a crawl goes on while its store takes no write and its calls keep
+# failing (a full disk, a file another program holds locked); then it closes
+# (finish reason store_unavailable, exit status 1). A Redis store also waits
+# out its own ?patience= (default 300) within each call.
+VERTICAL_STORE_PATIENCE = 300.0
 # Seconds a URL rejected by a trap guard is left alone before it is looked at
 # again (the guards may have changed, an oversized answer may have been a one-off).
 VERTICAL_TRAP_RECHECK = 30 * 86400
