@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
@@ -89,14 +89,17 @@ def crawl_command(site: Path | str, store: Path | str, workdir: Path, *, items: 
 
 
 def crawl(site: Path | str, store: Path | str, workdir: Path, *, timeout: float = 180,
-          check: bool = True, tag: str = "", **kwargs: Any) -> CrawlResult:
-    """Run one crawl to its end and collect its stats, items and log."""
+          check: bool = True, tag: str = "", preexec_fn: Callable[[], None] | None = None,
+          **kwargs: Any) -> CrawlResult:
+    """Run one crawl to its end and collect its stats, items and log
+    (``preexec_fn`` runs in the crawl process before it starts)."""
     workdir.mkdir(parents=True, exist_ok=True)
     items_name = f"items{tag}.jsonl"
     for stale in (workdir / f"stats{tag}.json", workdir / items_name, workdir / f"crawl{tag}.log"):
         stale.unlink(missing_ok=True)
     cmd = crawl_command(site, store, workdir, items=items_name, tag=tag, **kwargs)
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=_env())
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=_env(),
+                          preexec_fn=preexec_fn)
     result = collect(workdir, proc.returncode, tag, stderr=proc.stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"crawl failed ({proc.returncode}):\n{proc.stderr[-3000:]}\n{result.log[-3000:]}")

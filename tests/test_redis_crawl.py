@@ -10,12 +10,13 @@ import shutil
 import subprocess
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from tests.crawling import collect, crawl, kill, site_file, start_crawl, wait_for
+from tests.crawling import CrawlResult, collect, crawl, kill, site_file, start_crawl, wait_for
 from tests.redis_server import LossyProxy, RedisServer, refused_port
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
@@ -177,7 +178,8 @@ def assert_exactly_once(every: list[dict], truth: dict[str, dict], base_url: str
     assert not [p for p, r in records.items() if r.claim_owner]
 
 
-def run_until_the_store_fails(demo, site: Path, store: str, tmp_path: Path, fault, says: str):
+def run_until_the_store_fails(demo, site: Path, store: str, tmp_path: Path, fault: Callable[[], object],
+                              says: str) -> CrawlResult:
     """Crawl ``site`` on ``store`` and, mid-crawl, break the store for good
     with ``fault()``. The crawl must close by itself (finish reason
     ``store_unavailable``, exit status 1) with one error naming the store and

@@ -67,10 +67,13 @@ in the slot of the declared keys. Long walks (a claim or next_due that
 examines many records) run in steps of ``SCAN_STEP`` entries, so Redis never
 blocks for long.
 
-When Redis is unreachable, every operation logs a warning and retries with
-a bounded backoff for ``patience`` seconds (default 5 minutes) before it
-raises :class:`RedisUnavailable` (a
-:class:`~vertical.frontier.base.StoreUnavailable`: the crawl closes). Once
+When Redis is unreachable, read-only (a failover) or out of memory
+(``maxmemory`` under ``noeviction``: it refuses a script at its first write,
+a MULTI whole), every operation logs a warning and retries with a bounded
+backoff for ``patience`` seconds (default 5 minutes) before it raises
+:class:`RedisUnavailable` (a
+:class:`~vertical.frontier.base.StoreUnavailable`: the crawl closes). A crawl
+refuses a Redis that may evict any key (:meth:`RedisFrontier.check_for_crawl`). Once
 one has, the next ones try once until Redis answers again. The waits block
 the calling thread, which in a crawl is never the reactor: every store call runs on the crawl's store thread
 (:mod:`vertical.frontier.worker`). The client's own retries are off: a call
