@@ -167,3 +167,12 @@ def test_command_json_and_table(frontier_uri):
     missing = scrapy("vertical-status", "nosuchsite", "--store", frontier_uri)
     assert missing.returncode == 1
     assert "no records of site 'nosuchsite'" in missing.stderr
+
+
+def test_command_on_a_file_that_is_no_store(tmp_path):
+    notes = tmp_path / "notes.sqlite3"
+    notes.write_text("these are my notes, not a frontier\n" * 100)
+    done = scrapy("vertical-status", "--store", f"sqlite:///{notes}")
+    assert done.returncode == 2
+    assert f"SQLite store {notes} cannot be opened: file is not a database" in done.stderr
+    assert "Traceback" not in done.stderr

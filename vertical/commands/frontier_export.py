@@ -19,7 +19,7 @@ from typing import IO, Any
 from scrapy.exceptions import UsageError
 
 from vertical.commandline import VerticalCommand
-from vertical.frontier import Frontier, open_frontier
+from vertical.frontier import Frontier, UnsuitableStore, open_frontier
 from vertical.record import URLRecord
 
 #: Records per write transaction in the target store.
@@ -27,9 +27,13 @@ BATCH = 1000
 
 
 def open_store(uri: str, settings: Any) -> Frontier:
-    """Open ``uri`` with the project's ``REDIS_PARAMS`` (as the crawl does)."""
+    """Open ``uri`` with the project's ``REDIS_PARAMS`` (as the crawl does);
+    one that cannot be opened is an error of the command line (exit status 2)."""
     params = dict(settings.getdict("REDIS_PARAMS")) if settings.get("REDIS_PARAMS") else None
-    return open_frontier(uri, **({"redis_params": params} if params else {}))
+    try:
+        return open_frontier(uri, **({"redis_params": params} if params else {}))
+    except UnsuitableStore as exc:
+        raise UsageError(str(exc)) from None
 
 
 def dump_lines(store: Frontier, sites: Iterable[str]) -> Iterator[dict[str, Any]]:
