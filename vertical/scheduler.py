@@ -293,8 +293,7 @@ class FrontierScheduler(BaseScheduler):
             def close(**_: Any) -> None:
                 raise CloseSpider(reason)
 
-            self._close_at_open = close  # signals keep weak references
-            self.crawler.signals.connect(close, signal=signals.spider_opened)
+            self.crawler.signals.connect(close, signal=signals.spider_opened, weak=False)
 
     async def _open(self, spider: Spider) -> None:
         site = self.site
