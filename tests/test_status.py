@@ -18,6 +18,8 @@ from vertical.record import FETCHED, GONE, NEW, TRAP, URLRecord
 from vertical.sitemaps import readings
 from vertical.status import format_duration, render, sitemap_summary, summarize
 
+from tests.redis_server import refused_port
+
 ROOT = Path(__file__).resolve().parents[1]
 NOW = 1.75e9
 HOUR, DAY = 3600.0, 86400.0
@@ -132,9 +134,9 @@ def test_the_sitemaps_a_sites_crawls_read():
         in text
 
 
-def scrapy(*args: str) -> subprocess.CompletedProcess[str]:
+def scrapy(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "scrapy", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          input=stdin, timeout=120)
 
 
 def test_summary_judges_leases_on_the_store_clock():
@@ -175,4 +177,19 @@ def test_command_on_a_file_that_is_no_store(tmp_path):
     done = scrapy("vertical-status", "--store", f"sqlite:///{notes}")
     assert done.returncode == 2
     assert f"SQLite store {notes} cannot be opened: file is not a database" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [["vertical-status", "--store"], ["frontier_export", "-o", "-", "--from"],
+                                     ["frontier_import", "-", "--store"]], ids=lambda c: c[0])
+def test_command_on_a_redis_that_does_not_answer(command):
+    """A store that stops answering for its patience ends the command with
+    that error (exit status 1), not a traceback."""
+    line = json.dumps({"record": {"url": "http://a.example/", "fingerprint": 1, "site": "movies",
+                                  "host": "a.example"}})
+    with refused_port() as port:
+        done = scrapy(*command, f"redis://127.0.0.1:{port}/0?patience=1", stdin=line)
+    assert done.returncode == 1, done.stderr
+    assert "Redis unreachable for longer than the store's patience (1s)" in done.stderr
+    assert "a longer ?patience=SECONDS" in done.stderr
     assert "Traceback" not in done.stderr

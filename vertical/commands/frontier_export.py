@@ -14,26 +14,36 @@ import dataclasses
 import json
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import IO, Any
 
 from scrapy.exceptions import UsageError
 
 from vertical.commandline import VerticalCommand
-from vertical.frontier import Frontier, UnsuitableStore, open_frontier
+from vertical.frontier import Frontier, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.record import URLRecord
 
 #: Records per write transaction in the target store.
 BATCH = 1000
 
 
-def open_store(uri: str, settings: Any) -> Frontier:
-    """Open ``uri`` with the project's ``REDIS_PARAMS`` (as the crawl does);
-    one that cannot be opened is an error of the command line (exit status 2)."""
+@contextmanager
+def open_store(uri: str, settings: Any) -> Iterator[Frontier]:
+    """Open ``uri`` with the project's ``REDIS_PARAMS`` (as the crawl does),
+    and close it after the block. A store that cannot be opened is an error
+    of the command line (exit status 2); one that stops answering for its
+    patience ends the command with that error and exit status 1, not a
+    traceback."""
     params = dict(settings.getdict("REDIS_PARAMS")) if settings.get("REDIS_PARAMS") else None
     try:
-        return open_frontier(uri, **({"redis_params": params} if params else {}))
+        store = open_frontier(uri, **({"redis_params": params} if params else {}))
     except UnsuitableStore as exc:
         raise UsageError(str(exc)) from None
+    try:
+        with store:
+            yield store
+    except StoreUnavailable as exc:
+        raise SystemExit(f"{exc} (try again later, or give {uri} a longer ?patience=SECONDS)") from None
 
 
 def dump_lines(store: Frontier, sites: Iterable[str]) -> Iterator[dict[str, Any]]:
