@@ -222,6 +222,7 @@ def test_feed_slots(tmp_path: Path) -> None:
         assert isinstance(state.storage, FileFeedStorage)
         assert state.options["format"] == "jsonlines" and "postprocessing" not in state.options
         assert state.uri.endswith("items.jsonl")
+        assert state.filter.accepts({"title": "any"})
         slot.start_exporting()
         assert compat.feed_slot_state(slot).file is not None
         slot.file.close()  # type: ignore[union-attr]

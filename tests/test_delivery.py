@@ -8,6 +8,7 @@ storages: a local file (``-O``), one that uploads only when the slot closes
 from __future__ import annotations
 
 import json
+import resource
 import sqlite3
 import subprocess
 import time
@@ -17,8 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.crawling import REPO, _env, collect, crawl, crawl_command, kill, site_file, wait_for
+from tests.redis_server import REDIS_SERVER, RedisServer
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
+
+#: Room left in the feed's file when its disk fills, and the page requests
+#: it stays full for: more items than that room and the file's write
+#: buffer (8 kB, some 30 items) hold.
+ROOM, FULL_FOR = 2000, 150
 
 STORAGES = json.dumps({"upload": "tests.feeds.UploadAtCloseStorage", "fail": "tests.feeds.FailingStorage"})
 
@@ -119,3 +126,73 @@ def test_batched_uploads_free_the_outbox_during_the_run(demo, tmp_path):
     items = [json.loads(line) for f in tmp_path.glob("batch-*.jsonl") for line in f.read_text().splitlines()]
     assert set(documents(items)) == expected_documents(demo)
     assert outbox_rows(store) == 0
+
+
+def readable_items(paths: list[Path]) -> tuple[list[dict], int]:
+    """The items of JSON lines files, and how many lines are no JSON (a
+    write cut short)."""
+    items, torn = [], 0
+    for path in paths:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                items.append(json.loads(line))
+            except ValueError:
+                torn += 1
+    return items, torn
+
+
+@pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="redis-server is not installed")
+@pytest.mark.parametrize("batch", [0, 100], ids=["one file", "batches"])
+def test_items_a_full_disk_kept_from_the_feed_are_emitted_next_run(tmp_path, batch):
+    """The feed's disk fills mid-crawl and has room again later (the crawl
+    process may grow no file past a size, RLIMIT_FSIZE, for a while). Scrapy
+    logs each item its exporter could not write and goes on; items written
+    after the disk had room again make the file look durable. Every item the
+    feed did not take is emitted by the next run: no document is lost. The
+    store is Redis, out of the crawl process, so that only the feed's disk
+    is full."""
+    with RedisServer(appendonly=False) as server, serve(DemoSite(seed=0, films=400)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.01, "concurrency": 2})
+        store = f"{server.url}/0"
+        feed = tmp_path / ("items-%(batch_id)d.jsonl" if batch else "items1.jsonl")
+        cmd = crawl_command(site, store, tmp_path, tag="1", settings={
+            "LOG_LEVEL": "WARNING", "FEEDS": json.dumps({str(feed): {"format": "jsonlines"}}),
+            "FEED_EXPORT_BATCH_ITEM_COUNT": batch})
+        i = cmd.index("-O")
+        # Not a pipe: with its log file full, logging writes each failure to
+        # stderr, and a pipe nobody reads would stall the crawl.
+        stderr = tmp_path / "stderr1.txt"
+        with stderr.open("w") as err:
+            proc = subprocess.Popen(cmd[:i] + cmd[i + 2:], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
+                                    env=_env())
+        try:
+            files = lambda: sorted(tmp_path.glob("items*.jsonl"))  # noqa: E731
+            wait_for(lambda: sum(f.stat().st_size for f in files()) > 20_000, timeout=120)
+            # The open file may grow by ROOM bytes, and a new batch to as
+            # much; a soft limit, so that it can be lifted again.
+            limit = max(files(), key=lambda f: f.stat().st_mtime).stat().st_size + ROOM
+            resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+            full_at = len(page_requests(demo))
+            wait_for(lambda: len(page_requests(demo)) >= full_at + FULL_FOR, timeout=120)
+            resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                kill(proc)
+        assert proc.returncode == 0, stderr.read_text()[-3000:]
+        first = collect(tmp_path, proc.returncode, "1")
+        delivered, torn = readable_items(files())
+        assert first.stat("vertical/items/unexported") > 0  # the feed did fail to take items
+        if not batch:  # one file, stored fine at the end: only the failed exports tell
+            assert first.stat("feedexport/failed_count/FileFeedStorage") == 0
+        assert first.stat("vertical/items/undurable") >= first.stat("vertical/items/unexported")
+
+        second = crawl(site, store, tmp_path / "next", tag="2")
+    emitted = set(documents(delivered)) | set(documents(second.items))
+    lost = expected_documents(demo) - emitted
+    assert not lost, f"{len(lost)} documents lost (torn lines: {torn}), e.g. {sorted(lost)[:3]}"
+    assert second.stat("vertical/items/reemitted") == first.stat("vertical/items/undurable")
+
+
+def page_requests(demo) -> list[dict]:
+    return [r for r in demo.requests if r["path"] != "/robots.txt"]

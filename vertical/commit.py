@@ -262,7 +262,7 @@ class FrontierCommit:
     # -- items -----------------------------------------------------------------------
 
     def _scraped(self, item: Any, **kwargs: Any) -> None:
-        row = self.feeds.item_scraped()
+        row = self.feeds.item_scraped(item)
         entry = self._items.pop(id(item), None)
         if entry is None:
             return
@@ -415,14 +415,14 @@ class FrontierCommit:
         if not self._writes and not self._undurable:
             return
         durable = self.feeds.durable()
-        done = [row for scraped, row in self._undurable if scraped <= durable]
+        done = [row for scraped, row in self._undurable if scraped in durable]
         # Pages settled since the links were stored wait for the next write.
         writes = {fp: self._writes.pop(fp) for fp in ready if fp in self._writes}
         rows = {fp: self._rows.pop(fp) for fp in ready if fp in self._rows}
         if not writes and not done:
             return
         # Rows whose items are durable already need not be written at all.
-        outbox = {fp: kept for fp, page_rows in rows.items() if (kept := [r for r in page_rows if r[0] > durable])}
+        outbox = {fp: kept for fp, page_rows in rows.items() if (kept := [r for r in page_rows if r[0] not in durable])}
         self._saving = writes
         records = list(writes.values())
         try:
@@ -475,14 +475,14 @@ class FrontierCommit:
                 logger.warning("%d fetched pages were not confirmed written back to the store; a later run "
                                "fetches again those that were not", unwritten)
             durable = self.feeds.durable(checkpoint=False)
-            if done := [row for scraped, row in self._undurable if scraped <= durable]:
+            if done := [row for scraped, row in self._undurable if scraped in durable]:
                 try:
                     await scheduler.store.call(  # type: ignore[union-attr]
                         scheduler.frontier.outbox_drop, scheduler.site.name, scheduler.owner, done)
                 except StoreUnavailable as exc:
                     # The rows stay: their items are emitted again by a later run.
                     scheduler.store_failed("outbox", Failure(exc))
-            self._undurable = [u for u in self._undurable if u[0] > durable]
+            self._undurable = [u for u in self._undurable if u[0] not in durable]
             if self._undurable:
                 self.stats.set_value("vertical/items/undurable", len(self._undurable))
         finally:

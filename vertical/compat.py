@@ -134,6 +134,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(_FEED_SLOT, "storage", "whether a feed is a local file", ("vertical.outbox",), instance=True),
     Internal(_FEED_SLOT, "feed_options", "whether a feed is post-processed", ("vertical.outbox",), instance=True),
     Internal(_FEED_SLOT, "uri", "a feed's URI, for log lines", ("vertical.outbox",), instance=True),
+    Internal(_FEED_SLOT, "filter", "whether a feed takes an item: one it took without counting it failed",
+             ("vertical.outbox",), instance=True),
     Internal(_ENGINE, "_slot", "the engine's next call, to ask for requests a store call just brought",
              ("vertical.scheduler",), instance=True),
     Internal(_ENGINE_SLOT, "nextcall", "asked to run: the engine asks the scheduler again at once",
@@ -305,13 +307,15 @@ def installed_resolver(reactor: Any) -> Any:
 class FeedSlotState:
     """What vertical reads of one open feed slot: its ``file`` (None before
     its first item), ``itemcount``, ``storage`` (a ``FeedStorage``),
-    ``options`` (the feed's options) and ``uri``."""
+    ``options`` (the feed's options), ``uri`` and ``filter`` (its
+    ``ItemFilter``: ``filter.accepts(item)``)."""
 
     file: IO[bytes] | None
     itemcount: int
     storage: Any
     options: dict[str, Any]
     uri: str
+    filter: Any
 
 
 def feed_slots(exporter: Any) -> list[Any]:
@@ -327,6 +331,7 @@ def feed_slot_state(slot: Any) -> FeedSlotState:
         storage=_get(slot, "FeedSlot", "storage"),
         options=_get(slot, "FeedSlot", "feed_options"),
         uri=_get(slot, "FeedSlot", "uri"),
+        filter=_get(slot, "FeedSlot", "filter"),
     )
 
 

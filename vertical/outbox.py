@@ -28,12 +28,21 @@ file slot, which a checkpoint flushes and fsyncs:
 
 A storage failure (``feedexport/failed_count/*``) leaves the ids of that slot
 undurable, so their rows stay and are emitted again by the next run.
+
+So does an item a feed failed to take (its exporter raised, as a write to a
+full disk does: Scrapy logs the error and goes on, and the slot does not
+count the item). Later items may reach the file once there is room again,
+so such an item is excepted from every later checkpoint rather than holding
+them back; so is the next item the slot takes, which lands on the line
+that the failed write may have left half-written.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Set
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -45,6 +54,18 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Durable:
+    """The scraped item ids durable in every feed: those up to ``upto``,
+    except the ``unexported`` (a feed failed to take them)."""
+
+    upto: int
+    unexported: Set[int] = frozenset()
+
+    def __contains__(self, scraped: int) -> bool:
+        return scraped <= self.upto and scraped not in self.unexported
 
 
 def _failures(stats: Any) -> int:
@@ -65,6 +86,9 @@ class FeedDurability:
         self._failed = 0
         self._all_durable = False
         self._lost = False  # a slot failed to store: its items are not durable
+        self._counts: dict[int, int] = {}  # id(slot) -> its itemcount after the last item
+        self._unexported: set[int] = set()  # ids a feed failed to take: never durable in this run
+        self._torn: set[int] = set()  # id(slot) whose last export failed, maybe halfway through a line
 
     def open(self) -> None:
         """Start tracking the feeds. Call it after the feed exporter was built
@@ -81,8 +105,8 @@ class FeedDurability:
     def has_feeds(self) -> bool:
         return self._exporter is not None
 
-    def item_scraped(self) -> int:
-        """The id of the item just scraped (called from an ``item_scraped``
+    def item_scraped(self, item: Any) -> int:
+        """The id of ``item``, just scraped (called from an ``item_scraped``
         handler connected after the feed exporter's)."""
         self.scraped += 1
         if self._exporter is None:
@@ -94,17 +118,39 @@ class FeedDurability:
                 # Replaced by a new batch: being stored now. Its items are at
                 # least those since it was first seen holding one.
                 self._closing[id(slot)] = self._first.pop(id(slot), self.scraped)
+        counts = {}
         for slot in slots:
-            if feed_slot_state(slot).itemcount and id(slot) not in self._first:
+            state = feed_slot_state(slot)
+            # A slot new since the last item replaced a full batch, which
+            # took this item; before the first item every slot is new and empty.
+            before = self._counts.get(id(slot), None if self._last_slots else 0)
+            if before is not None and state.itemcount == before and state.filter.accepts(item):
+                self._export_failed(state, id(slot))
+            elif id(slot) in self._torn and before is not None and state.itemcount > before:
+                self._torn.discard(id(slot))
+                self._unexported.add(self.scraped)
+            if state.itemcount and id(slot) not in self._first:
                 self._first[id(slot)] = self.scraped
+            counts[id(slot)] = state.itemcount
+        self._counts = counts
         self._last_slots = slots
         return self.scraped
 
-    def durable(self, checkpoint: bool = True) -> int:
-        """The highest id up to which every item is durable (flushing and
-        fsyncing the open local-file slots first when ``checkpoint``)."""
+    def _export_failed(self, slot: FeedSlotState, key: int) -> None:
+        """The slot's exporter raised on the item just scraped: the feed does
+        not hold it, whatever later checkpoints say."""
+        self._unexported.add(self.scraped)
+        self.stats.inc_value("vertical/items/unexported")
+        if key not in self._torn:
+            self._torn.add(key)
+            logger.warning("Feed %s failed to take an item (the error above): it and the next item it takes "
+                           "stay in the store and are emitted again by the next run", slot.uri)
+
+    def durable(self, checkpoint: bool = True) -> Durable:
+        """The ids of the items durable in every feed (flushing and fsyncing
+        the open local-file slots first when ``checkpoint``)."""
         if self._all_durable or self._exporter is None:
-            return self.scraped
+            return Durable(self.scraped, self._unexported)
         first_undurable = self.scraped + 1
         for slot in feed_slots(self._exporter):
             state = feed_slot_state(slot)
@@ -120,7 +166,7 @@ class FeedDurability:
             first_undurable = min(first_undurable, self._first.get(id(slot), 1))
         for first in self._closing.values():
             first_undurable = min(first_undurable, first)
-        return first_undurable - 1
+        return Durable(first_undurable - 1, self._unexported)
 
     def _slot_closed(self, slot: Any) -> None:
         failed = _failures(self.stats)
