@@ -155,26 +155,29 @@ def test_items_a_full_disk_kept_from_the_feed_are_emitted_next_run(tmp_path, bat
         site = site_file(tmp_path, demo.url, politeness={"delay": 0.01, "concurrency": 2})
         store = f"{server.url}/0"
         feed = tmp_path / ("items-%(batch_id)d.jsonl" if batch else "items1.jsonl")
-        cmd = crawl_command(site, store, tmp_path, tag="1", settings={
-            "LOG_LEVEL": "WARNING", "FEEDS": json.dumps({str(feed): {"format": "jsonlines"}}),
-            "FEED_EXPORT_BATCH_ITEM_COUNT": batch})
-        i = cmd.index("-O")
+        cmd = feed_command(site, store, tmp_path, str(feed), "1", LOG_LEVEL="WARNING",
+                           FEED_EXPORT_BATCH_ITEM_COUNT=batch)
         # Not a pipe: with its log file full, logging writes each failure to
         # stderr, and a pipe nobody reads would stall the crawl.
         stderr = tmp_path / "stderr1.txt"
         with stderr.open("w") as err:
-            proc = subprocess.Popen(cmd[:i] + cmd[i + 2:], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err,
-                                    env=_env())
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, env=_env())
+
+        def files() -> list[Path]:
+            return sorted(tmp_path.glob("items*.jsonl"))
+
         try:
-            files = lambda: sorted(tmp_path.glob("items*.jsonl"))  # noqa: E731
             wait_for(lambda: sum(f.stat().st_size for f in files()) > 20_000, timeout=120)
             # The open file may grow by ROOM bytes, and a new batch to as
             # much; a soft limit, so that it can be lifted again.
             limit = max(files(), key=lambda f: f.stat().st_mtime).stat().st_size + ROOM
             resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
             full_at = len(page_requests(demo))
-            wait_for(lambda: len(page_requests(demo)) >= full_at + FULL_FOR, timeout=120)
-            resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            wait_for(lambda: proc.poll() is not None or len(page_requests(demo)) >= full_at + FULL_FOR,
+                     timeout=120)
+            if proc.poll() is None:
+                resource.prlimit(proc.pid, resource.RLIMIT_FSIZE,
+                                 (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
             proc.wait(timeout=180)
         finally:
             if proc.poll() is None:
