@@ -262,6 +262,38 @@ def test_a_full_disk_ends_the_crawl_and_loses_nothing(tmp_path):
     assert emitted == truth_documents(truth, demo.url)
 
 
+def test_a_store_file_deleted_mid_crawl_ends_the_crawl_and_loses_nothing(tmp_path):
+    """The SQLite file deleted while the crawl runs (an operator cleaning up,
+    a tmp cleaner): the crawl would go on writing into a file nobody can read
+    and end as if all were well. It closes at its next heartbeat
+    (``store_lost``, exit status 1) with one error naming the file, and the
+    next run, on a new file, crawls the site again: no document is lost."""
+    with serve(DemoSite(seed=0, films=60)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.1, "concurrency": 1})
+        store = tmp_path / "f.sqlite3"
+        proc = start_crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_HEARTBEAT": 1})
+        try:
+            wait_for(lambda: len(page_requests(demo)) >= 15 or proc.poll() is not None)
+            assert proc.poll() is None, "the crawl ended before its store was deleted"
+            for path in tmp_path.glob("f.sqlite3*"):  # with its write-ahead log
+                path.unlink()
+            _, stderr = proc.communicate(timeout=60)  # a heartbeat, and the close
+        finally:
+            if proc.poll() is None:
+                kill(proc)
+        first = collect(tmp_path, proc.returncode, "1", stderr=stderr)
+        assert not set(demo.site.truth()) <= {r["path"] for r in page_requests(demo)}  # mid-crawl
+        assert first.returncode == 1, stderr[-3000:]
+        assert first.stats["finish_reason"] == "store_lost"
+        errors = [line for line in first.log.splitlines() if " ERROR: " in line]
+        assert len(errors) == 1 and f"{store} was deleted or replaced" in errors[0], errors
+
+        again = crawl(site, store, tmp_path, tag="2")
+        truth = demo.site.truth()
+    emitted = set(documents(first.items)) | set(documents(again.items))
+    assert emitted == truth_documents(truth, demo.url)
+
+
 @pytest.mark.parametrize(("override", "key", "problem"), [
     ({"documents": [{"name": "film", "match": "/film/(", "fields": {"t": "//h1"}}]}, "documents[0].match", "regex"),
     ({"documents": [{"match": "/film/", "fields": {"t": {"xpath": "//h1[["}}}]}, "documents[0].fields.t.xpath",

@@ -179,11 +179,11 @@ def assert_exactly_once(every: list[dict], truth: dict[str, dict], base_url: str
 
 
 def run_until_the_store_fails(demo, site: Path, store: str, tmp_path: Path, fault: Callable[[], object],
-                              says: str) -> CrawlResult:
+                              says: str, reason: str = "store_unavailable") -> CrawlResult:
     """Crawl ``site`` on ``store`` and, mid-crawl, break the store for good
     with ``fault()``. The crawl must close by itself (finish reason
-    ``store_unavailable``, exit status 1) with one error naming the store and
-    saying ``says``, and no traceback. Returns its result.
+    ``reason``, exit status 1) with one error naming the store and saying
+    ``says``, and no traceback. Returns its result.
 
     The store gives up a patience after its first failed call, which comes
     within a heartbeat (the heartbeat calls the store even while idle); the
@@ -206,7 +206,7 @@ def run_until_the_store_fails(demo, site: Path, store: str, tmp_path: Path, faul
     result = collect(tmp_path, proc.returncode, "1", stderr=stderr)
     assert not set(demo.site.truth()) <= {r["path"] for r in page_requests_of(demo.requests)}  # mid-crawl
     assert result.returncode == 1, stderr[-3000:]
-    assert result.stats["finish_reason"] == "store_unavailable"
+    assert result.stats["finish_reason"] == reason
     assert result.stats["vertical/store/unavailable"]  # the call that found it gone
     errors = [line for line in result.log.splitlines() if " ERROR: " in line]
     assert len(errors) == 1 and store in errors[0] and says in errors[0], errors
@@ -239,6 +239,35 @@ def test_redis_full_mid_crawl_ends_the_crawl_and_loses_nothing(tmp_path):
         assert set(written) <= fetched_then | {p for p in records if records[p].state == "forbidden"}
         again = crawl(site, store, tmp_path, tag="2")
     emitted = set(documents(full.items)) | set(documents(again.items))
+    assert emitted == truth_documents(truth, demo.url)
+
+
+@pytest.mark.parametrize("how", ["restarted empty", "flushed"])
+def test_a_redis_that_loses_its_data_ends_the_crawl_and_loses_nothing(tmp_path, how):
+    """Redis loses its data mid-crawl: restarted without persistence, or
+    flushed. Before, the crawl went on writing into the empty store with the
+    host ids and URL dictionary it had cached (records the next run could not
+    read: it never ended), took the claims it had lost for another process's
+    doing, and ended as if the site were done. Now its first write into the
+    emptied store, or else its next heartbeat, finds the store's keys gone:
+    it closes (``store_lost``, exit status 1) with one error, and a new run
+    crawls the site again: no document is lost."""
+    with RedisServer(appendonly=False) as redis_server, serve(DemoSite(seed=0, films=60)) as demo:
+        store = f"{redis_server.url}/0?patience={STORE_PATIENCE:g}"
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.1, "concurrency": 1})
+
+        def lose_data() -> None:
+            if how == "flushed":
+                redis_server.client().flushall()
+            else:
+                redis_server.stop()
+                redis_server.start()
+
+        lost = run_until_the_store_fails(demo, site, store, tmp_path, lose_data, "lost its data",
+                                         reason="store_lost")
+        again = crawl(site, store, tmp_path, tag="2")
+        truth = demo.site.truth()
+    emitted = set(documents(lost.items)) | set(documents(again.items))
     assert emitted == truth_documents(truth, demo.url)
 
 

@@ -77,7 +77,7 @@ from twisted.python.failure import Failure
 from vertical.budget import ALLOWANCE_KEY, BudgetPacer, RunAllowance, draw
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
-from vertical.frontier import Frontier, Lane, StoreUnavailable, UnsuitableStore, open_frontier
+from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.estimate import changed_after
@@ -123,6 +123,9 @@ STORE_UNAVAILABLE = "store_unavailable"
 #: The finish reason of a crawl whose store cannot be used as it is (see
 #: :class:`~vertical.frontier.base.UnsuitableStore`): before any request.
 STORE_UNSUITABLE = "store_unsuitable"
+#: The finish reason of a crawl whose store lost its data while the crawl ran
+#: (see :class:`~vertical.frontier.base.StoreLost`).
+STORE_LOST = "store_lost"
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:
@@ -1128,6 +1131,7 @@ class FrontierScheduler(BaseScheduler):
         """The heartbeat's store calls (on the store thread). Returns the
         owners reaped and how many live processes crawl the site."""
         site, frontier = self.site.name, self.frontier
+        frontier.check_intact()  # before the beat writes into a store that lost the rest
         frontier.heartbeat(site, self.owner, self.heartbeat * MISSED_HEARTBEATS, info)
         if held:
             frontier.renew(site, self.owner, held, self.lease)
@@ -1369,19 +1373,30 @@ class FrontierScheduler(BaseScheduler):
         patience (its own retries ran out), or cannot be used at all: nothing
         this process does can be kept without it, so the crawl closes. Logged
         once; the engine closes the spider with :data:`STORE_UNAVAILABLE` (or
-        :data:`STORE_UNSUITABLE`), waiting for the downloads under way (their
-        items reach the feeds). While opening, the open closes it."""
+        :data:`STORE_UNSUITABLE`, :data:`STORE_LOST`), waiting for the
+        downloads under way (their items reach the feeds). While opening, the
+        open closes it."""
         if self.store_gone is not None:
             return
         self.store_gone = what
         self.stats.set_value("vertical/store/unavailable", what)
-        unsuitable = failure.check(UnsuitableStore) is not None
-        reason = STORE_UNSUITABLE if unsuitable else STORE_UNAVAILABLE
         opening = self._heartbeat is None
-        logger.error("Store %s %s: the %s call failed (%s). Closing the crawl (%s)%s.", self.store_uri,
-                     "cannot be used" if unsuitable else "unavailable", what, failure.getErrorMessage(), reason,
-                     " before any request" if opening else ": items emitted so far stay in the feeds; pages "
-                     "fetched and not written back are fetched again by a later run")
+        if failure.check(UnsuitableStore):
+            reason, state = STORE_UNSUITABLE, "cannot be used"
+        elif failure.check(StoreLost):
+            reason, state = STORE_LOST, "lost its data"
+        else:
+            reason, state = STORE_UNAVAILABLE, "unavailable"
+        if opening:
+            then = " before any request"
+        elif reason == STORE_LOST:
+            then = ": items emitted so far stay in the feeds; a later run crawls the site again from what the " \
+                   "store holds then"
+        else:
+            then = ": items emitted so far stay in the feeds; pages fetched and not written back are fetched " \
+                   "again by a later run"
+        logger.error("Store %s %s: the %s call failed (%s). Closing the crawl (%s)%s.", self.store_uri, state,
+                     what, failure.getErrorMessage(), reason, then)
         engine = self.crawler.engine
         if self._closing or opening or engine is None or engine.spider is None:
             return  # closing already, or still opening (the open closes the crawl): the store is left as it is

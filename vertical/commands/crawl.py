@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 #: Finish reasons of a crawl that failed (the exit status is 1).
-FAILED_REASONS = frozenset({"store_unavailable", "store_unsuitable"})
+FAILED_REASONS = frozenset({"store_unavailable", "store_unsuitable", "store_lost"})
 
 
 class Command(ScrapyCrawlCommand):

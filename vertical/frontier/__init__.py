@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from vertical.frontier.base import ALL, Frontier, Lane, StoreUnavailable, UnsuitableStore
+from vertical.frontier.base import ALL, Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore
 
-__all__ = ["ALL", "Frontier", "Lane", "StoreUnavailable", "UnsuitableStore", "open_frontier"]
+__all__ = ["ALL", "Frontier", "Lane", "StoreLost", "StoreUnavailable", "UnsuitableStore", "open_frontier"]
 
 
 def open_frontier(uri: str, **redis_params: object) -> Frontier:

@@ -38,6 +38,13 @@ class StoreUnavailable(Exception):
     (:class:`~vertical.scheduler.FrontierScheduler`, ``store_unavailable``)."""
 
 
+class StoreLost(StoreUnavailable):
+    """The store no longer holds what it held when it was opened (a Redis
+    restarted without persistence, or flushed; an SQLite file deleted or
+    replaced): the crawl's frontier is gone, and the crawl closes
+    (``store_lost``)."""
+
+
 class UnsuitableStore(Exception):
     """The store cannot be used as it is (written in another layout, or a
     server that could not keep its promises): a crawl closes before any
@@ -408,6 +415,12 @@ class Frontier(ABC):
         """Raise :class:`UnsuitableStore` if a crawl on this store could not
         keep its promises (a crawl asks before any request; commands that
         read or move a store do not, so that a store can be rescued)."""
+
+    def check_intact(self) -> None:
+        """Raise :class:`StoreLost` if the store lost what it held since it
+        was opened (a crawl asks at each heartbeat). Without this check a
+        crawl goes on writing into an empty store, takes the claims it lost
+        for another process's doing, and ends early as if the site were done."""
 
     def close(self) -> None:
         pass

@@ -107,8 +107,8 @@ from redis.retry import Retry
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import get_redis
 
-from vertical.frontier.base import (ALL, Frontier, Lane, OwnerInfo, StoreUnavailable, UnsuitableStore, check_outbox,
-                                   merge_extra)
+from vertical.frontier.base import (ALL, Frontier, Lane, OwnerInfo, StoreLost, StoreUnavailable, UnsuitableStore,
+                                   check_outbox, merge_extra)
 from vertical.record import PARKED_STATES, STATES, URLRecord
 
 logger = logging.getLogger(__name__)
@@ -147,6 +147,12 @@ _FP = struct.Struct(">q")
 #: (``maxmemory`` reached under ``noeviction``: it takes writes again once
 #: memory is freed or the limit raised).
 _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError, redis.OutOfMemoryError)
+#: What a script that writes records answers when its site's host ids are
+#: gone: they are written before any of its records and never removed, so
+#: the store lost its data (a Redis restarted without persistence, or
+#: flushed), and this client's cached host ids and URL dictionary would
+#: make what it wrote unreadable.
+_STORE_LOST = "VERTICAL_STORE_LOST"
 
 
 class RedisUnavailable(StoreUnavailable, redis.ConnectionError):
@@ -716,6 +722,14 @@ end
 
 # ARGV from `first`: new_urls, min_level, max_level, horizon_before,
 # stale_before, fetched_before, excluded host ids.
+# Scripts that write records: a site's host ids are written before any of
+# its records and never removed (see _STORE_LOST).
+_LUA_INTACT = f"""
+if redis.call("EXISTS", BASE .. ":hosts") == 0 then
+  return redis.error_reply("{_STORE_LOST} its host ids are gone")
+end
+"""
+
 _LUA_LANE = r"""
 local function lane_filter(first, now)
   local new_urls = ARGV[first] == "1"
@@ -965,7 +979,7 @@ return n
 # record's lease ("owner SEP until" or "") counts without claim_owner.
 # Returns {claim_until, {indexes inserted}, {index, stored record, ...}} where
 # the stored record holds another URL (or host), maybe a collision.
-_ADD = _LUA_COMMON + r"""
+_ADD = _LUA_COMMON + _LUA_INTACT + r"""
 local retry, owner = ARGV[5] == "1", ARGV[6]
 local till, claim = nil, nil
 if owner ~= "" then
@@ -1011,7 +1025,7 @@ return {till and num(till) or "", inserted, collided}
 # ARGV: retry owner ("": unconditional) release nrec nrows,
 #   then nrec x (fp record lease), nrows x (fp row_id payload), then the row ids done.
 # Returns the 0-based indexes of the records rejected.
-_SAVE = _LUA_COMMON + r"""
+_SAVE = _LUA_COMMON + _LUA_INTACT + r"""
 local retry, owner, release = ARGV[5] == "1", ARGV[6], ARGV[7] == "1"
 local nrec, nrows = tonumber(ARGV[8]), tonumber(ARGV[9])
 local accepted, rejected = {}, {}
@@ -1191,19 +1205,24 @@ end
 return out
 """
 
-# KEYS: hosts; ARGV: host*. Returns their ids, given to new hosts here.
+# KEYS: hosts; ARGV: known ("1": the client holds ids of the site's hosts) host*.
+# Returns their ids, given to new hosts here.
 _HOST_IDS = r"""
+if ARGV[1] == "1" and redis.call("EXISTS", KEYS[1]) == 0 then
+  return redis.error_reply("%(lost)s the host ids this client knows are gone")
+end
 local out = {}
-for i, name in ipairs(ARGV) do
+for i = 2, #ARGV do
+  local name = ARGV[i]
   local id = redis.call("HGET", KEYS[1], name)
   if not id then
     id = redis.call("HINCRBY", KEYS[1], "\0next", 1)
     redis.call("HSET", KEYS[1], name, id, "\0" .. id, name)
   end
-  out[i] = tonumber(id)
+  out[i - 1] = tonumber(id)
 end
 return out
-"""
+""" % {"lost": _STORE_LOST}
 # KEYS: outbox owners; ARGV: owner first_id retry
 # Returns {row_id, "fp payload", ...}. A retry first returns the owner's rows
 # from first_id on: those a call whose reply was lost had taken.
@@ -1329,6 +1348,7 @@ class RedisFrontier(Frontier):
         self.prefix = prefix
         self.patience = patience
         self._gave_up = False  # the last call waited out the patience
+        self._lost: StoreLost | None = None  # the store lost its data: no call goes to it any more
         self.bucket_bits = bucket_bits
         self.slot_seconds = slot_seconds
         self._layout: _Layout | None = None
@@ -1425,6 +1445,17 @@ class RedisFrontier(Frontier):
                 f"the store would lose URL records and claims without a word. Set it to noeviction (CONFIG SET "
                 f"maxmemory-policy noeviction, or in redis.conf), or give the store a Redis of its own")
 
+    def check_intact(self) -> None:
+        """The layout key, written by the first client and never expiring,
+        is gone only with the rest of the store's keys. (The scripts that
+        write records check their site's host ids the same way: see
+        _STORE_LOST.)"""
+        if self._layout is not None and not self._retry(lambda _: self.client.exists(self._layout_key)):
+            self._lost = StoreLost(f"Redis store {self.uri or self.client} lost its data while open (its layout "
+                                   f"is gone: Redis restarted without persistence, or was flushed): run it with "
+                                   f"appendonly yes")
+            raise self._lost
+
     def _listpack_config(self) -> int:
         """Raise the server's listpack limits to LISTPACK_CONFIG where they
         are lower and it lets us (CONFIG SET); return zset-max-listpack-entries."""
@@ -1465,6 +1496,8 @@ class RedisFrontier(Frontier):
     def _retry(self, operation: Callable[[bool], T]) -> T:
         """Run ``operation(retrying)``, waiting out an unreachable Redis (in
         this thread: the crawl's store thread, not the reactor)."""
+        if self._lost is not None:
+            raise StoreLost(str(self._lost))
         delay, first = RETRY_DELAYS[0], True
         # Once a call has waited out the patience, the next ones try once
         # until Redis answers again: the calls queued behind a dead store
@@ -1486,6 +1519,13 @@ class RedisFrontier(Frontier):
                                self.uri or self.client, state, exc, min(delay, left))
                 time.sleep(min(delay, left))
                 delay, first = min(delay * 2, RETRY_DELAYS[1]), False
+            except redis.ResponseError as exc:  # after _RETRY_ERRORS, two of which are ResponseErrors
+                if not str(exc).startswith(_STORE_LOST):
+                    raise
+                self._lost = StoreLost(f"Redis store {self.uri or self.client} lost its data while open "
+                                       f"({str(exc)[len(_STORE_LOST):].strip()}: Redis restarted without "
+                                       f"persistence, or was flushed): run it with appendonly yes")
+                raise self._lost from None
             else:
                 self._gave_up = False
                 return result
@@ -1510,7 +1550,9 @@ class RedisFrontier(Frontier):
         ids = self._host_ids.setdefault(site, {})
         missing = sorted({n for n in names if n not in ids})
         if missing:
-            got = self._retry(lambda _: self._host_ids_script(keys=[self._keys(site).hosts], args=missing))
+            # "1": this client knows some ids, so the store must hold them (see _STORE_LOST).
+            known = "1" if ids else "0"
+            got = self._retry(lambda _: self._host_ids_script(keys=[self._keys(site).hosts], args=[known, *missing]))
             for name, host_id in zip(missing, got):
                 ids[name] = int(host_id)
                 self._host_names.setdefault(site, {})[int(host_id)] = name

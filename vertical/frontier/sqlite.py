@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from vertical.frontier.base import ALL, Frontier, Lane, OwnerInfo, UnsuitableStore, check_outbox, merge_extra
+from vertical.frontier.base import (ALL, Frontier, Lane, OwnerInfo, StoreLost, UnsuitableStore, check_outbox,
+                                   merge_extra)
 from vertical.record import PARKED_STATES, URLRecord
 
 logger = logging.getLogger(__name__)
@@ -249,6 +250,18 @@ def _lane_clause(lane: Lane, now: float) -> tuple[str, list[Any]]:
     return "(" + " OR ".join(parts) + ")", params
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at ``path`` (None: no file there,
+    or an in-memory database)."""
+    if path == ":memory:":
+        return None
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 class SQLiteFrontier(Frontier):
     """:class:`Frontier` in one SQLite file (``sqlite:///relative.sqlite3`` or
     ``sqlite:////absolute.sqlite3``)."""
@@ -270,6 +283,7 @@ class SQLiteFrontier(Frontier):
         self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
                                    check_same_thread=False)
         self._journal_mode_wal(timeout)
+        self._file = _identity(self.path)  # written by now: the file exists
         # NORMAL is durable against process kills (the WAL is in the OS cache);
         # only a power loss may drop the last transactions.
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -589,6 +603,11 @@ class SQLiteFrontier(Frontier):
         return value
 
     # -- crawl processes and their outbox ---------------------------------------
+
+    def check_intact(self) -> None:
+        if self._file is not None and _identity(self.path) != self._file:
+            raise StoreLost(f"SQLite store {self.path} was deleted or replaced while open: what the crawl "
+                            f"writes now goes to a file nobody can read")
 
     def heartbeat(self, site: str, owner: str, ttl: float, info: Mapping[str, Any]) -> None:
         with self._transaction() as db:
