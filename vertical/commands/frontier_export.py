@@ -20,7 +20,7 @@ from typing import IO, Any
 from scrapy.exceptions import UsageError
 
 from vertical.commandline import VerticalCommand
-from vertical.frontier import Frontier, StoreUnavailable, UnsuitableStore, open_frontier
+from vertical.frontier import Frontier, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.record import URLRecord
 
 #: Records per write transaction in the target store.
@@ -43,7 +43,8 @@ def open_store(uri: str, settings: Any) -> Iterator[Frontier]:
         with store:
             yield store
     except StoreUnavailable as exc:
-        raise SystemExit(f"{exc} (try again later, or give {uri} a longer ?patience=SECONDS)") from None
+        hint = "" if isinstance(exc, StoreLost) else f" (try again later, or give {uri} a longer ?patience=SECONDS)"
+        raise SystemExit(f"{exc}{hint}") from None
 
 
 def dump_lines(store: Frontier, sites: Iterable[str]) -> Iterator[dict[str, Any]]:

@@ -720,8 +720,6 @@ local function park(fp, old_state, old_host, state, host)
 end
 """
 
-# ARGV from `first`: new_urls, min_level, max_level, horizon_before,
-# stale_before, fetched_before, excluded host ids.
 # Scripts that write records: a site's host ids are written before any of
 # its records and never removed (see _STORE_LOST).
 _LUA_INTACT = f"""
@@ -730,6 +728,8 @@ if redis.call("EXISTS", BASE .. ":hosts") == 0 then
 end
 """
 
+# ARGV from `first`: new_urls, min_level, max_level, horizon_before,
+# stale_before, fetched_before, excluded host ids.
 _LUA_LANE = r"""
 local function lane_filter(first, now)
   local new_urls = ARGV[first] == "1"
