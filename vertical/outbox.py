@@ -133,6 +133,7 @@ class FeedDurability:
                 self._first[id(slot)] = self.scraped
             counts[id(slot)] = state.itemcount
         self._counts = counts
+        self._torn &= current  # a slot replaced by a new batch: its id may be reused
         self._last_slots = slots
         return self.scraped
 
