@@ -287,7 +287,7 @@ class FrontierScheduler(BaseScheduler):
             await self._open(spider)
         except (StoreUnavailable, UnsuitableStore) as exc:
             self._store_gone("open", Failure(exc))  # logged once: an earlier call may have found it first
-            reason = STORE_UNAVAILABLE if isinstance(exc, StoreUnavailable) else STORE_UNSUITABLE
+            reason, _ = _finish_reason(Failure(exc))
 
             # Scrapy's way for a component that fails to start is CloseSpider.
             # Raised here it would skip opening the scraper, whose close then
@@ -1381,12 +1381,7 @@ class FrontierScheduler(BaseScheduler):
         self.store_gone = what
         self.stats.set_value("vertical/store/unavailable", what)
         opening = self._heartbeat is None
-        if failure.check(UnsuitableStore):
-            reason, state = STORE_UNSUITABLE, "cannot be used"
-        elif failure.check(StoreLost):
-            reason, state = STORE_LOST, "lost its data"
-        else:
-            reason, state = STORE_UNAVAILABLE, "unavailable"
+        reason, state = _finish_reason(failure)
         if opening:
             then = " before any request"
         elif reason == STORE_LOST:
@@ -1420,6 +1415,16 @@ class _FilterOnly:
     def check_many(self, fingerprints: Iterable[int]) -> tuple[set[int], set[int]]:
         new = self.seen.absent(fingerprints)
         return new, set(fingerprints) - new
+
+
+def _finish_reason(failure: Failure) -> tuple[str, str]:
+    """The finish reason of a crawl whose store failed so, and what the
+    failure says of the store (for the log)."""
+    if failure.check(UnsuitableStore):
+        return STORE_UNSUITABLE, "cannot be used"
+    if failure.check(StoreLost):
+        return STORE_LOST, "lost its data"
+    return STORE_UNAVAILABLE, "unavailable"
 
 
 def _redis_params(settings: Any) -> dict[str, Any]:

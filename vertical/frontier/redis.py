@@ -1451,10 +1451,14 @@ class RedisFrontier(Frontier):
         write records check their site's host ids the same way: see
         _STORE_LOST.)"""
         if self._layout is not None and not self._retry(lambda _: self.client.exists(self._layout_key)):
-            self._lost = StoreLost(f"Redis store {self.uri or self.client} lost its data while open (its layout "
-                                   f"is gone: Redis restarted without persistence, or was flushed): run it with "
-                                   f"appendonly yes")
-            raise self._lost
+            raise self._store_lost("its layout is gone")
+
+    def _store_lost(self, why: str) -> StoreLost:
+        """The error of a store found to have lost its data (``why``); no
+        call goes to it any more."""
+        self._lost = StoreLost(f"Redis store {self.uri or self.client} lost its data while open ({why}: Redis "
+                               f"restarted without persistence, or was flushed): run it with appendonly yes")
+        return self._lost
 
     def _listpack_config(self) -> int:
         """Raise the server's listpack limits to LISTPACK_CONFIG where they
@@ -1522,10 +1526,7 @@ class RedisFrontier(Frontier):
             except redis.ResponseError as exc:  # after _RETRY_ERRORS, two of which are ResponseErrors
                 if not str(exc).startswith(_STORE_LOST):
                     raise
-                self._lost = StoreLost(f"Redis store {self.uri or self.client} lost its data while open "
-                                       f"({str(exc)[len(_STORE_LOST):].strip()}: Redis restarted without "
-                                       f"persistence, or was flushed): run it with appendonly yes")
-                raise self._lost from None
+                raise self._store_lost(str(exc)[len(_STORE_LOST):].strip()) from None
             else:
                 self._gave_up = False
                 return result
