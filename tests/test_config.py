@@ -216,6 +216,18 @@ def test_lookup_missing_path(tmp_path):
         load_site(str(tmp_path / "missing.yaml"))
 
 
+@pytest.mark.parametrize("by", ["path", "name"])
+def test_a_file_not_in_utf8_is_named_with_the_line_of_its_first_bad_byte(tmp_path, by):
+    # An editor's legacy default (Latin-1, Windows-1252) in a comment.
+    path = tmp_path / "films.yaml"
+    path.write_bytes("name: films\n# Café listings\nstart_urls: [http://127.0.0.1:8000/]\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_site(path) if by == "path" else load_site("films", sites_dir=tmp_path)
+    err = info.value
+    assert (err.file, err.key) == (str(path), "line 2")
+    assert err.problem == "not UTF-8 text (byte 0xe9); save the file as UTF-8"
+
+
 # --- bad files ---------------------------------------------------------------
 
 

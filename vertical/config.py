@@ -20,6 +20,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -285,11 +286,7 @@ def load_site(spec: str | os.PathLike[str], sites_dir: str | os.PathLike[str] | 
     spec = os.fspath(spec)
     if "/" in spec or os.sep in spec or (spec.endswith((".yaml", ".yml")) and os.path.isfile(spec)):
         path = Path(spec)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(spec, "(file)", f"cannot read: {exc.strerror or exc}") from None
-        return _load_text(text, str(path), default_name=path.stem)
+        return _load_text(_read_text(path, spec), str(path), default_name=path.stem)
 
     name = spec.removesuffix(".yaml").removesuffix(".yml")
     if not NAME_RE.fullmatch(name):
@@ -300,7 +297,7 @@ def load_site(spec: str | os.PathLike[str], sites_dir: str | os.PathLike[str] | 
             path = Path(sites_dir, name + suffix)
             looked.append(str(path))
             if path.is_file():
-                return _load_text(path.read_text(encoding="utf-8"), str(path), default_name=name)
+                return _load_text(_read_text(path, str(path)), str(path), default_name=name)
     try:
         package = importlib.resources.files("sites")
     except ModuleNotFoundError:  # installed without the bundled configs
@@ -309,8 +306,24 @@ def load_site(spec: str | os.PathLike[str], sites_dir: str | os.PathLike[str] | 
         resource = package / (name + suffix)
         looked.append(str(resource))
         if resource.is_file():
-            return _load_text(resource.read_text(encoding="utf-8"), str(resource), default_name=name)
+            return _load_text(_read_text(resource, str(resource)), str(resource), default_name=name)
     raise ConfigError(spec, "(site)", f"no site config named {name!r}; looked for {', '.join(looked)}")
+
+
+def _read_text(path: Path | Traversable, file: str) -> str:
+    """The text of a site config file, which YAML wants as UTF-8 (a file
+    saved by an editor in a legacy encoding is named with its first bad
+    byte's line, not a traceback)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(file, "(file)", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(file, f"line {line}", f"not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                                                f"save the file as UTF-8") from None
 
 
 def parse_site(data: Any, file: str = "<config>", default_name: str | None = None) -> SiteConfig:
