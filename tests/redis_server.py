@@ -67,11 +67,14 @@ class RedisServer(FreePortServer):
 
     ``appendonly`` (the default) makes every write durable across
     :meth:`stop` / :meth:`start`; RDB snapshots are off (``--save ''``).
+    With ``password`` it requires one (``url`` does not carry it).
     """
 
     def __init__(self, *, appendonly: bool = True, port: int | None = None,
-                 directory: str | Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
+                 directory: str | Path | None = None, extra_args: tuple[str, ...] = (),
+                 password: str | None = None) -> None:
         self._picked = port is None
+        self.password = password
         self.port = port or free_port()
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="vertical-redis-")
         self.directory = Path(directory or self._tmp.name)
@@ -84,7 +87,7 @@ class RedisServer(FreePortServer):
         return f"redis://127.0.0.1:{self.port}"
 
     def client(self, db: int = 0) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, db=db)
+        return redis.Redis(host="127.0.0.1", port=self.port, db=db, password=self.password)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it serves its data set (see
@@ -102,6 +105,7 @@ class RedisServer(FreePortServer):
             # is lost by a kill, which the fault tests rely on.
             "--appendfsync", "always" if self.appendonly else "no",
             "--databases", "64", "--daemonize", "no", "--logfile", "redis.log",
+            *(("--requirepass", self.password) if self.password else ()),
             *self.extra_args,
         ]
         since = len(self._log())  # the log is appended to by every start

@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -28,7 +29,7 @@ import pytest
 import redis
 
 from tests.redis_server import LossyProxy, RedisServer, free_port, refused_port
-from vertical.frontier import Frontier, Lane, open_frontier
+from vertical.frontier import Frontier, Lane, UnsuitableStore, check_store_uri, open_frontier
 from vertical.frontier.redis import RedisFrontier
 from vertical.frontier.sqlite import SQLiteFrontier
 from vertical.record import DUPLICATE, FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
@@ -1372,3 +1373,40 @@ def test_processes_opening_a_new_sqlite_store_at_once_all_open_it(tmp_path):
     while not errors.empty():
         failures.append(errors.get())
     assert failures == []
+
+
+@pytest.mark.parametrize(("uri", "problem"), [
+    ("mysql://127.0.0.1/frontier", "unsupported store URI"),
+    ("sqlite://frontier.sqlite3", "unsupported store URI"),  # two slashes: no path
+    ("redis://127.0.0.1:63790x/0", "Port could not be cast to integer"),
+    ("redis://127.0.0.1:6379/crawl", "the database must be a number, not 'crawl'"),
+    ("redis://127.0.0.1:6379/0?patience=5m", "patience must be a number of at least 0, not '5m'"),
+    ("redis://127.0.0.1:6379/0?patience=inf", "patience must be a number of at least 0, not 'inf'"),
+    ("redis://127.0.0.1:6379/0?bucket_bits=30", "bucket_bits must be a whole number from 0 to 24, not '30'"),
+    ("redis://127.0.0.1:6379/0?slot_seconds=0.5", "slot_seconds must be a whole number of at least 1"),
+    ("redis://127.0.0.1:6379/0?socket_timeout=soon", "Invalid value for 'socket_timeout'"),
+])
+def test_a_malformed_store_uri_is_named_without_connecting(uri, problem):
+    # Port 6379 need not answer: nothing connects.
+    with pytest.raises(UnsuitableStore, match=re.escape(problem)):
+        open_frontier(uri)
+    with pytest.raises(UnsuitableStore, match=re.escape(problem)):
+        check_store_uri(uri)
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///frontier.sqlite3", "sqlite:////tmp/frontier.sqlite3", "redis://h:6379",
+                                 "redis://h:6379/", "redis://:pw@h:6379/3?patience=0&prefix=v&bucket_bits=0",
+                                 "rediss://h/2", "unix:///run/redis.sock?db=4&patience=1.5"])
+def test_well_formed_store_uris_pass_the_check(uri):
+    check_store_uri(uri)
+
+
+def test_a_store_on_a_unix_socket(tmp_path):
+    """``unix:///path?db=N``: the URL given to redis-py keeps its empty host
+    (it was rebuilt as ``unix:/path``, which redis-py refuses)."""
+    socket_path = tmp_path / "redis.sock"
+    with RedisServer(appendonly=False, extra_args=("--unixsocket", str(socket_path))) as server:
+        with open_frontier(f"unix://{socket_path}?db=5&patience=2") as store:
+            store.add([rec(1)])
+            assert fps(claim(store)) == {rec(1).fingerprint}
+        assert server.client(db=5).dbsize() > 0

@@ -271,19 +271,30 @@ def test_a_redis_that_loses_its_data_ends_the_crawl_and_loses_nothing(tmp_path, 
     assert emitted == truth_documents(truth, demo.url)
 
 
-@pytest.mark.parametrize("kind", ["evicting", "unreachable"])
+@pytest.mark.parametrize("kind", ["evicting", "unreachable", "wrong password", "no password", "no such database"])
 def test_a_redis_the_store_cannot_use_stops_the_crawl_before_any_request(tmp_path, kind):
     """Before any request, with one error naming the store and why, exit
     status 1 and no traceback: a Redis whose maxmemory-policy may evict any
     key (``allkeys-lru``, as a cache is set up), which would lose URL records
     without a word once full (reason ``store_unsuitable``; the error names the
-    fix); a Redis unreachable for the store's patience (``store_unavailable``)."""
+    fix); a Redis that refuses the store's credentials or has no such
+    database (``store_unsuitable`` at once: no wait mends them); a Redis
+    unreachable for the store's patience (``store_unavailable``)."""
     with ExitStack() as stack:
         demo = stack.enter_context(serve(DemoSite(seed=0)))
         if kind == "evicting":
             server = stack.enter_context(RedisServer(appendonly=False,
                                                      extra_args=("--maxmemory-policy", "allkeys-lru")))
             store, reason, says = f"{server.url}/0?patience=3", "store_unsuitable", ("allkeys-lru", "noeviction")
+        elif kind in ("wrong password", "no password"):
+            server = stack.enter_context(RedisServer(appendonly=False, password="s3cret"))
+            credentials = ":wrong@" if kind == "wrong password" else ""
+            # A patience far longer than the test: only a refusal at once passes.
+            store = f"redis://{credentials}127.0.0.1:{server.port}/0?patience=600"
+            reason, says = "store_unsuitable", ("refused the store's credentials", "redis://:PASSWORD@")
+        elif kind == "no such database":
+            server = stack.enter_context(RedisServer(appendonly=False))  # 64 databases
+            store, reason, says = f"{server.url}/64?patience=600", "store_unsuitable", ("no such database",)
         else:
             port = stack.enter_context(refused_port())
             store, reason, says = f"redis://127.0.0.1:{port}/0?patience=1", "store_unavailable", ("unreachable",)

@@ -58,6 +58,9 @@ def truth_films(demo: DemoServer) -> set[str]:
     ("CONCURRENT_REQUESTS_PER_IP", "2"),
     ("DEPTH_LIMIT", "3"),
     ("SCHEDULER", "scrapy.core.scheduler.Scheduler"),
+    ("VERTICAL_STORE", "postgresql://127.0.0.1/frontier"),
+    ("VERTICAL_STORE", "redis://127.0.0.1:6379/frontier"),  # redis-py would take it for database 0
+    ("VERTICAL_STORE", "redis://127.0.0.1:6379/0?patience=5m"),
 ])
 def test_settings_vertical_cannot_honour_stop_the_run_before_any_request(name, value, site, demo, tmp_path):
     result = crawl(site, tmp_path / "f.sqlite3", tmp_path, settings={name: value}, check=False)

@@ -24,6 +24,10 @@ and, for its one-line message, by ``scrapy crawl``):
                                the command line goes into JOBDIR
                                (:func:`apply_jobdir`); Redis or absolute stores
                                are used as they are
+``VERTICAL_STORE``             refused when its URI is malformed (an unknown
+                               scheme, a port or database that is not a number,
+                               a bad ``?patience=``): checked as written, before
+                               the store is opened
 ``CLOSESPIDER_*``              work as in Scrapy (the crawl closes early; what was
                                not committed is fetched by the next run); the
                                spider's ``pages``/``seconds`` budgets end a run
@@ -60,8 +64,14 @@ def check(settings: Any) -> None:
     if settings.getint("DEPTH_LIMIT"):
         _refuse("DEPTH_LIMIT", "links go to the frontier, not through Scrapy's depth middleware: unset it and "
                 "set follow.max_depth in the site config")
+    from vertical.frontier import UnsuitableStore, check_store_uri
     from vertical.scheduler import FrontierScheduler
 
+    if store := settings.get("VERTICAL_STORE"):
+        try:
+            check_store_uri(store)
+        except UnsuitableStore as exc:
+            _refuse("VERTICAL_STORE", str(exc))
     scheduler = settings.get("SCHEDULER")
     cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
     # Not issubclass(): BaseScheduler's metaclass takes any class with a

@@ -4,20 +4,37 @@ from __future__ import annotations
 
 from vertical.frontier.base import ALL, Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore
 
-__all__ = ["ALL", "Frontier", "Lane", "StoreLost", "StoreUnavailable", "UnsuitableStore", "open_frontier"]
+__all__ = ["ALL", "Frontier", "Lane", "StoreLost", "StoreUnavailable", "UnsuitableStore", "check_store_uri",
+           "open_frontier"]
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_store_uri(uri: str) -> None:
+    """Raise :class:`UnsuitableStore` naming what is wrong with ``uri`` as
+    written (its scheme, a port, a database, a parameter), without opening
+    it: a crawl checks its ``VERTICAL_STORE`` so before any component starts."""
+    if uri.startswith("sqlite:///"):
+        return
+    if uri.startswith(_REDIS_SCHEMES):
+        from vertical.frontier.redis import RedisFrontier
+
+        RedisFrontier.parse_uri(uri)
+        return
+    raise UnsuitableStore(
+        f"unsupported store URI {uri!r} "
+        "(expected sqlite:///relative/path, sqlite:////absolute/path, redis://host:port/db, "
+        "rediss://host:port/db or unix:///path/redis.sock?db=N)"
+    )
 
 
 def open_frontier(uri: str, **redis_params: object) -> Frontier:
     """Open the store named by ``uri``: ``sqlite:///path`` or ``redis://host:port/db``."""
-    if uri.startswith("sqlite:///"):
-        from vertical.frontier.sqlite import SQLiteFrontier
-
-        return SQLiteFrontier.from_uri(uri)
-    if uri.startswith(("redis://", "rediss://", "unix://")):
+    check_store_uri(uri)
+    if uri.startswith(_REDIS_SCHEMES):
         from vertical.frontier.redis import RedisFrontier
 
         return RedisFrontier.from_uri(uri, **redis_params)
-    raise ValueError(
-        f"VERTICAL_STORE: unsupported store URI {uri!r} "
-        "(expected sqlite:///relative/path, sqlite:////absolute/path or redis://host:port/db)"
-    )
+    from vertical.frontier.sqlite import SQLiteFrontier
+
+    return SQLiteFrontier.from_uri(uri)

@@ -46,9 +46,9 @@ class StoreLost(StoreUnavailable):
 
 
 class UnsuitableStore(Exception):
-    """The store cannot be used as it is (written in another layout, or a
-    server that could not keep its promises): a crawl closes before any
-    request (``store_unsuitable``)."""
+    """The store cannot be used as it is (its URI malformed, written in
+    another layout, a server that could not keep its promises or will not
+    serve it): a crawl closes before any request (``store_unsuitable``)."""
 
 
 @dataclass(frozen=True, slots=True)

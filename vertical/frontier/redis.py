@@ -99,10 +99,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import parse_url
 from redis.retry import Retry
 from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import get_redis
@@ -154,6 +155,29 @@ _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError,
 #: make what it wrote unreadable.
 _STORE_LOST = "VERTICAL_STORE_LOST"
 
+#: What Redis answers the SELECT of a database it does not have.
+_NO_DATABASE = "DB index is out of range"
+
+#: The store's own options that are numbers (query parameters of its URI):
+#: their type and range.
+_NUMBERS: dict[str, tuple[type, float, float]] = {
+    "patience": (float, 0, math.inf), "bucket_bits": (int, 0, 24), "slot_seconds": (int, 1, math.inf)}
+
+
+def _number(name: str, value: Any) -> float:
+    """``value`` as the option ``name`` (see _NUMBERS); a ValueError says
+    what it must be."""
+    kind, low, high = _NUMBERS[name]
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (low <= number <= high and math.isfinite(number)):
+        want = "a whole number" if kind is int else "a number"
+        limits = f"from {low} to {high}" if math.isfinite(high) else f"of at least {low}"
+        raise ValueError(f"{name} must be {want} {limits}, not {value!r}")
+    return number
+
 
 class RedisUnavailable(StoreUnavailable, redis.ConnectionError):
     """Redis did not answer, or took no write, for the store's patience
@@ -171,8 +195,9 @@ def _unavailable(exc: Exception) -> str:
 
 
 class UnsuitableRedis(UnsuitableStore):
-    """The Redis server cannot keep the store's promises: it is free to
-    evict any key when full."""
+    """The Redis server cannot keep the store's promises (it is free to
+    evict any key when full), or will not serve it (credentials refused,
+    no such database)."""
 
 # -- record encoding ------------------------------------------------------------
 # head:  state index | 8 if next_fetch == fetch_time + refetch_delay (not stored)
@@ -1338,10 +1363,8 @@ class RedisFrontier(Frontier):
     def __init__(self, client: redis.Redis, *, uri: str = "", prefix: str = DEFAULT_PREFIX,
                  patience: float = DEFAULT_PATIENCE, bucket_bits: int = DEFAULT_BUCKET_BITS,
                  slot_seconds: int = DEFAULT_SLOT_SECONDS) -> None:
-        if not 0 <= bucket_bits <= 24:
-            raise ValueError(f"bucket_bits={bucket_bits}: from 0 to 24")
-        if slot_seconds < 1:
-            raise ValueError(f"slot_seconds={slot_seconds}: at least 1")
+        _number("bucket_bits", bucket_bits)
+        _number("slot_seconds", slot_seconds)
         client.set_retry(Retry(NoBackoff(), 0))
         self.client = client
         self.uri = uri
@@ -1379,22 +1402,38 @@ class RedisFrontier(Frontier):
         parameters of ``uri`` are this class's own, ``patience`` (seconds),
         ``prefix``, and ``bucket_bits`` and ``slot_seconds`` (the layout of
         a new store); the rest go to redis-py."""
-        parts = urlsplit(uri)
-        query = dict(parse_qsl(parts.query))
-        options: dict[str, Any] = {}
-        if "patience" in query:
-            options["patience"] = float(query.pop("patience"))
-        if "prefix" in query:
-            options["prefix"] = query.pop("prefix")
-        for name in ("bucket_bits", "slot_seconds"):
-            if name in query:
-                options[name] = int(query.pop(name))
-        url = urlunsplit(parts._replace(query=urlencode(query)))
+        url, options = cls.parse_uri(uri)
         params = {**scrapy_redis_defaults.REDIS_PARAMS, **(redis_params or {})}
         # Records are bytes with a binary fingerprint; never decode replies.
         params.pop("decode_responses", None)
         params.pop("encoding", None)
         return cls(get_redis(url=url, **params), uri=uri, **options)
+
+    @staticmethod
+    def parse_uri(uri: str) -> tuple[str, dict[str, Any]]:
+        """``uri`` as the URL redis-py connects to and this class's own
+        options, checked without connecting: an :class:`UnsuitableStore`
+        names what is wrong (a port, a database, a parameter)."""
+        parts = urlsplit(uri)
+        query = dict(parse_qsl(parts.query))
+        options: dict[str, Any] = {}
+        if "prefix" in query:
+            options["prefix"] = query.pop("prefix")
+        for name in _NUMBERS.keys() & query.keys():
+            try:
+                options[name] = _number(name, query.pop(name))
+            except ValueError as exc:
+                raise UnsuitableStore(f"store URI {uri!r}: {exc}") from None
+        # redis-py reads a database that is not a number as database 0.
+        if parts.scheme != "unix" and not parts.path.strip("/").isdigit() and parts.path.strip("/"):
+            raise UnsuitableStore(f"store URI {uri!r}: the database must be a number, not {parts.path.strip('/')!r}")
+        # Not urlunsplit(), which drops the empty host of unix:///path.
+        url = uri.split("?", 1)[0] + (f"?{urlencode(query)}" if query else "")
+        try:
+            parse_url(url)  # redis-py's own checks: port, database, its parameters
+        except ValueError as exc:
+            raise UnsuitableStore(f"store URI {uri!r}: {exc}") from None
+        return url, options
 
     # -- keys, layout and retries -------------------------------------------------
 
@@ -1510,6 +1549,10 @@ class RedisFrontier(Frontier):
         while True:
             try:
                 result = operation(not first)
+            except redis.AuthenticationError as exc:  # a ConnectionError, but no wait mends a password
+                raise UnsuitableRedis(f"Redis {self.uri or self.client} refused the store's credentials: {exc} "
+                                      f"(give the password in the URI, redis://:PASSWORD@host:port/db, or "
+                                      f"in REDIS_PARAMS)") from None
             except _RETRY_ERRORS as exc:
                 # The last wait ends at the deadline: unreachable for the
                 # whole patience, not for the sum of the waits that fit in it.
@@ -1524,6 +1567,8 @@ class RedisFrontier(Frontier):
                 time.sleep(min(delay, left))
                 delay, first = min(delay * 2, RETRY_DELAYS[1]), False
             except redis.ResponseError as exc:  # after _RETRY_ERRORS, two of which are ResponseErrors
+                if str(exc).startswith(_NO_DATABASE):  # the SELECT of a new connection
+                    raise UnsuitableRedis(f"Redis {self.uri or self.client} has no such database: {exc}") from None
                 if not str(exc).startswith(_STORE_LOST):
                     raise
                 raise self._store_lost(str(exc)[len(_STORE_LOST):].strip()) from None
