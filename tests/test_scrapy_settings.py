@@ -61,6 +61,10 @@ def truth_films(demo: DemoServer) -> set[str]:
     ("VERTICAL_STORE", "postgresql://127.0.0.1/frontier"),
     ("VERTICAL_STORE", "redis://127.0.0.1:6379/frontier"),  # redis-py would take it for database 0
     ("VERTICAL_STORE", "redis://127.0.0.1:6379/0?patience=5m"),
+    ("VERTICAL_LEASE", "0"),  # every claim would run out as it is made
+    ("VERTICAL_HEARTBEAT", "10s"),
+    ("VERTICAL_METRICS_PORT", "99999"),
+    ("REDIS_PARAMS", "{socket_timeout: 5}"),  # not JSON
 ])
 def test_settings_vertical_cannot_honour_stop_the_run_before_any_request(name, value, site, demo, tmp_path):
     result = crawl(site, tmp_path / "f.sqlite3", tmp_path, settings={name: value}, check=False)
@@ -76,6 +80,15 @@ def test_the_spider_refuses_them_too_whoever_starts_it():
     with pytest.raises(ConfigError, match=r"^<settings>: AUTOTHROTTLE_ENABLED: .*politeness"):
         scrapy_settings.check(settings)
     scrapy_settings.check(Settings({"SCHEDULER": "vertical.scheduler.FrontierScheduler"}))
+
+
+def test_every_number_setting_of_the_project_has_a_range():
+    from vertical import settings as project
+
+    numbers = {name for name, value in vars(project).items() if name.startswith("VERTICAL_")
+               and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    assert numbers == set(scrapy_settings.NUMBERS)
+    scrapy_settings.check(Settings({"SCHEDULER": project.SCHEDULER, **{n: getattr(project, n) for n in numbers}}))
 
 
 # -- settings that work ----------------------------------------------------------------

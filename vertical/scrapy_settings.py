@@ -24,6 +24,9 @@ and, for its one-line message, by ``scrapy crawl``):
                                the command line goes into JOBDIR
                                (:func:`apply_jobdir`); Redis or absolute stores
                                are used as they are
+``VERTICAL_*`` numbers         refused when not a number in their range
+                               (:data:`NUMBERS`): a lease of 0, a port of 99999
+``REDIS_PARAMS``               refused when not a dict (or a JSON object)
 ``VERTICAL_STORE``             refused when its URI is malformed (an unknown
                                scheme, a port or database that is not a number,
                                a bad ``?patience=``): checked as written, before
@@ -37,6 +40,8 @@ and, for its one-line message, by ``scrapy crawl``):
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +54,47 @@ __all__ = ["SETTINGS_FILE", "apply_jobdir", "check"]
 
 #: The "file" named by a :class:`ConfigError` about a Scrapy setting.
 SETTINGS_FILE = "<settings>"
+
+#: The ranges of :data:`NUMBERS`, as the error says them.
+_RANGES: dict[str, Callable[[float], bool]] = {
+    "above 0": lambda v: v > 0,
+    "of 0 or more": lambda v: v >= 0,
+    "of 1 or more": lambda v: v >= 1,
+    "between 0 and 1": lambda v: 0 < v < 1,
+    "from 0 to 65535": lambda v: 0 <= v <= 65535,
+    "": lambda v: True,
+}
+
+#: vertical's own settings that are numbers (vertical/settings.py says what
+#: each means): the type they are read as, and their range.
+NUMBERS: dict[str, tuple[type, str]] = {
+    "VERTICAL_LEASE": (float, "above 0"),
+    "VERTICAL_HEARTBEAT": (float, "above 0"),
+    "VERTICAL_STORE_PATIENCE": (float, "of 0 or more"),
+    "VERTICAL_TRAP_RECHECK": (float, "of 0 or more"),
+    "VERTICAL_CLAIM_BATCH": (int, "of 1 or more"),
+    "VERTICAL_WRITE_BATCH": (int, "of 1 or more"),
+    "VERTICAL_WRITE_INTERVAL": (float, "of 0 or more"),
+    "VERTICAL_MAX_PAGES": (int, "of 0 or more"),
+    "VERTICAL_MAX_SECONDS": (float, "of 0 or more"),
+    "VERTICAL_TIME_OFFSET": (float, ""),
+    "VERTICAL_SEEN_CAPACITY": (int, "of 1 or more"),
+    "VERTICAL_SEEN_ERROR_RATE": (float, "between 0 and 1"),
+    "VERTICAL_SEEN_CACHE": (int, "of 0 or more"),
+    "VERTICAL_SEEN_SAVE": (float, "of 0 or more"),
+    "VERTICAL_STATE_SAVE": (float, "of 0 or more"),
+    "VERTICAL_REFIT_INTERVAL": (float, "of 0 or more"),
+    "VERTICAL_WARC_MAX_SIZE": (int, "of 1 or more"),
+    "VERTICAL_PROGRESS_INTERVAL": (float, "of 0 or more"),
+    "VERTICAL_METRICS_PORT": (int, "from 0 to 65535"),
+    "VERTICAL_ROBOTS_TTL": (float, "of 0 or more"),
+    "VERTICAL_ROBOTS_POSTPONE": (float, "of 0 or more"),
+    "VERTICAL_SITEMAP_TTL": (float, "of 0 or more"),
+    "VERTICAL_SITEMAP_DEPTH": (int, "of 0 or more"),
+    "VERTICAL_DNS_TTL": (float, "of 0 or more"),
+    "VERTICAL_DNS_NEGATIVE_TTL": (float, "of 0 or more"),
+    "VERTICAL_DNS_MIN_TTL": (float, "of 0 or more"),
+}
 
 
 def check(settings: Any) -> None:
@@ -64,6 +110,20 @@ def check(settings: Any) -> None:
     if settings.getint("DEPTH_LIMIT"):
         _refuse("DEPTH_LIMIT", "links go to the frontier, not through Scrapy's depth middleware: unset it and "
                 "set follow.max_depth in the site config")
+    for name, (kind, limits) in NUMBERS.items():
+        if (value := settings.get(name)) is None:
+            continue
+        try:
+            number = settings.getint(name) if kind is int else settings.getfloat(name)
+        except (TypeError, ValueError):
+            number = math.nan
+        if not (math.isfinite(number) and _RANGES[limits](number)):
+            noun = "a whole number" if kind is int else "a number"
+            _refuse(name, f"must be {noun}{' ' + limits if limits else ''}, not {value!r}")
+    try:
+        settings.getdict("REDIS_PARAMS")
+    except ValueError as exc:  # a JSON string from the command line
+        _refuse("REDIS_PARAMS", f"must be a dict (on the command line, a JSON object): {exc}")
     from vertical.frontier import UnsuitableStore, check_store_uri
     from vertical.scheduler import FrontierScheduler
 
