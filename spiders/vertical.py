@@ -17,6 +17,7 @@ feeds held them (the store's outbox), then the entry URLs.
 from __future__ import annotations
 
 import logging
+import math
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -100,6 +101,34 @@ def apply_site_settings(site: SiteConfig, settings: Any) -> None:
         settings.set("USER_AGENT", pol.user_agent, priority="spider")
 
 
+#: The "file" named by a :class:`ConfigError` about a spider argument (``-a``).
+ARGUMENTS = "<command line>"
+
+
+def check_arguments(lane: str | None = None, mode: str | None = None, pages: int | str = 0,
+                    seconds: float | str = 0) -> tuple[str | None, str, int, float]:
+    """The spider's own arguments (``-a lane= mode= pages= seconds=``) as
+    it uses them, or a :class:`ConfigError` naming the bad one (``scrapy
+    crawl`` checks them so before the crawl starts)."""
+    if lane not in (None, "", "fast", "slow"):
+        raise ConfigError(ARGUMENTS, "lane", f"{lane!r} is not fast or slow")
+    if mode not in (None, "", "once", "continuous"):
+        raise ConfigError(ARGUMENTS, "mode", f"{mode!r} is not once or continuous")
+    try:
+        pages_ = int(pages or 0)
+    except ValueError:
+        pages_ = -1
+    if pages_ < 0:
+        raise ConfigError(ARGUMENTS, "pages", f"{pages!r} is not a number of pages (0: no limit)")
+    try:
+        seconds_ = float(seconds or 0)
+    except ValueError:
+        seconds_ = math.nan
+    if not (math.isfinite(seconds_) and seconds_ >= 0):
+        raise ConfigError(ARGUMENTS, "seconds", f"{seconds!r} is not a number of seconds (0: no limit)")
+    return lane or None, mode or "once", pages_, seconds_
+
+
 def _referer_middleware(crawler: Crawler) -> RefererMiddleware | None:
     """Scrapy's RefererMiddleware, for its policies (None when ``REFERER_ENABLED`` is off)."""
     try:
@@ -122,16 +151,9 @@ class VerticalSpider(Spider):
                  pages: int | str = 0, seconds: float | str = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not site:
-            raise ConfigError("<command line>", "site", "missing: run with -a site=NAME or -a site=path/to/site.yaml")
-        if lane not in (None, "", "fast", "slow"):
-            raise ConfigError("<command line>", "lane", f"{lane!r} is not fast or slow")
-        if mode not in (None, "", "once", "continuous"):
-            raise ConfigError("<command line>", "mode", f"{mode!r} is not once or continuous")
+            raise ConfigError(ARGUMENTS, "site", "missing: run with -a site=NAME or -a site=path/to/site.yaml")
         self.site_spec = site
-        self.lane = lane or None
-        self.mode = mode or "once"
-        self.pages = int(pages or 0)
-        self.seconds = float(seconds or 0)
+        self.lane, self.mode, self.pages, self.seconds = check_arguments(lane, mode, pages, seconds)
         self.site: SiteConfig
         self._referer: RefererMiddleware | None = None
         self._sitemaps: dict[str, float] = {}  # sitemap URL -> when last asked for or read (the crawl clock)

@@ -312,6 +312,26 @@ def test_bad_config_stops_before_any_request(demo, tmp_path, override, key, prob
     assert message.startswith(f"vertical: bad site config: {site}: {key}: ")
     assert problem in message
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("argument", "problem"), [
+    ("mode=contnuous", "'contnuous' is not once or continuous"),
+    ("lane=fastt", "'fastt' is not fast or slow"),
+    ("pages=ten", "'ten' is not a number of pages"),
+    ("seconds=-60", "'-60' is not a number of seconds"),
+])
+def test_a_bad_spider_argument_stops_before_any_request(demo, tmp_path, argument, problem):
+    """As a bad site config: one line, exit status 2. (The spider's own check
+    came after Scrapy had started the crawl: a traceback, and another from
+    reading the stats of a crawler that never started.)"""
+    site = site_file(tmp_path, demo.url)
+    demo.clear_log()
+    name, value = argument.split("=")
+    result = crawl(site, tmp_path / "f.sqlite3", tmp_path, check=False, args={name: value})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"vertical: bad argument: <command line>: {name}: {problem}"
+                                                  + ("" if name in ("mode", "lane") else " (0: no limit)")]
+    assert demo.requests == []
     assert demo.requests == []
     assert not (tmp_path / "f.sqlite3").exists()
 

@@ -36,23 +36,35 @@ class Command(ScrapyCrawlCommand):
         if args and args[0] == "vertical":
             from vertical import scrapy_settings
 
+            from spiders.vertical import ARGUMENTS, check_arguments
+
             site = opts.spargs.get("site")
             if not site:
                 raise UsageError("the vertical spider needs -a site=NAME (a name in sites/ or a path)")
             try:
+                check_arguments(**{k: v for k, v in opts.spargs.items() if k in ("lane", "mode", "pages", "seconds")})
                 scrapy_settings.check(self.settings)
                 load_site(site, self.settings.get("VERTICAL_SITES"))
             except ConfigError as exc:
-                what = "setting" if exc.file == scrapy_settings.SETTINGS_FILE else "site config"
+                what = {scrapy_settings.SETTINGS_FILE: "setting", ARGUMENTS: "argument"}.get(exc.file, "site config")
                 print(f"vertical: bad {what}: {exc}", file=sys.stderr)
                 self.exitcode = 2
                 return
         self._crawlers: list[Crawler] = []
         super().run(args, opts)
-        if any(c.stats.get_value("finish_reason") in FAILED_REASONS for c in self._crawlers):
+        if any(_finish_reason(c) in FAILED_REASONS for c in self._crawlers):
             self.exitcode = 1
 
     def _create_crawler(self, spidercls: type[Spider] | str) -> Crawler:
         crawler = super()._create_crawler(spidercls)
         self._crawlers.append(crawler)
         return crawler
+
+
+def _finish_reason(crawler: Crawler) -> str | None:
+    """The crawl's finish reason; None for one that failed to start (Scrapy
+    then exits with 1 itself), whose stats were never set."""
+    try:
+        return crawler.stats.get_value("finish_reason")
+    except RuntimeError:
+        return None
