@@ -102,3 +102,45 @@ def test_bad_usage_fails_before_writing(sqlite_source, redis_url):
     assert scrapy("frontier_export", "--from", sqlite_source, "--to", sqlite_source).returncode != 0
     with open_frontier(redis_url) as store:
         assert store.count() == 0
+
+
+def _spoiled(line: str, **fields: object) -> str:
+    """A record line of the dump with ``fields`` replaced."""
+    data = json.loads(line)
+    data["record"].update(fields)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(("spoil", "problem"), [
+    (lambda line: "{not json", "Expecting property name"),
+    (lambda line: _spoiled(line, url=5), "record field url must be a string, not 5"),
+    (lambda line: _spoiled(line, fingerprint="7"), "record field fingerprint must be an integer, not '7'"),
+    (lambda line: _spoiled(line, state="done"), "record state 'done' is not one of new, fetched"),
+    (lambda line: json.dumps({"record": {"url": "http://movies.example/x"}}), "record without fingerprint, host, site"),
+    (lambda line: json.dumps({"meta": {"site": "movies"}}), "a meta line has a site and a key"),
+    (lambda line: "[1, 2]", 'not {"meta": {...}} nor {"record": {...}}'),
+], ids=["not JSON", "url a number", "fingerprint a string", "unknown state", "missing fields", "meta without a key",
+        "not an object"])
+def test_a_bad_line_stops_the_import_naming_it_and_writes_nothing_false(sqlite_source, tmp_path, spoil, problem):
+    """A line frontier_export would not write (edited by hand, cut short)
+    stops the import with its file and line, exit status 2: it was a
+    traceback, or a record of the wrong types written into the store. The
+    batches before it are in the store, each record whole and true, and the
+    mended file loads as exported."""
+    dump = tmp_path / "movies.jsonl"
+    ok("frontier_export", "--from", sqlite_source, "--site", "movies", "-o", str(dump))
+    lines = dump.read_text().splitlines()
+    good = list(lines)
+    lines[20] = spoil(lines[20])  # line 21 of 121
+    dump.write_text("\n".join(lines) + "\n")
+    target = f"sqlite:///{tmp_path / 'copy.sqlite3'}"
+    result = scrapy("frontier_import", "--store", target, str(dump))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"scrapy frontier_import: {dump}:21: {problem}")
+    assert "Traceback" not in result.stderr
+    exported = {d["fingerprint"]: d for d in snapshot(sqlite_source, ["movies"])["movies"][0]}
+    with open_frontier(target) as store:
+        assert all(exported[r.fingerprint] == dataclasses.asdict(r) for r in store.iter_records("movies"))
+    dump.write_text("\n".join(good) + "\n")
+    ok("frontier_import", "--store", target, str(dump))
+    assert snapshot(target, ["movies"]) == snapshot(sqlite_source, ["movies"])

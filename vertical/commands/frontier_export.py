@@ -13,7 +13,8 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Iterable, Iterator
+import typing
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -21,7 +22,7 @@ from scrapy.exceptions import UsageError
 
 from vertical.commandline import VerticalCommand
 from vertical.frontier import Frontier, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
-from vertical.record import URLRecord
+from vertical.record import NEW, STATES, URLRecord
 
 #: Records per write transaction in the target store.
 BATCH = 1000
@@ -78,10 +79,67 @@ def load_lines(target: Frontier, lines: Iterable[dict[str, Any]], *, release: bo
     return counts
 
 
-def read_jsonl(stream: IO[str]) -> Iterator[dict[str, Any]]:
-    for line in stream:
-        if line.strip():
-            yield json.loads(line)
+class BadLine(ValueError):
+    """A line of a JSON lines file that is not one :func:`dump_lines` writes."""
+
+
+#: What a JSON value of each type of URLRecord field must be.
+_TYPE_CHECKS: dict[Any, tuple[str, Callable[[Any], bool]]] = {
+    str: ("a string", lambda v: isinstance(v, str)),
+    str | None: ("a string or null", lambda v: v is None or isinstance(v, str)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)),
+    dict[str, Any]: ("an object", lambda v: isinstance(v, dict)),
+}
+#: URLRecord's fields, each with what its JSON value must be.
+_FIELD_CHECKS = {name: _TYPE_CHECKS[kind] for name, kind in typing.get_type_hints(URLRecord).items()}
+_REQUIRED = {f.name for f in dataclasses.fields(URLRecord)
+             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+
+
+def _checked(line: Any) -> dict[str, Any]:
+    """``line`` if it is a ``meta`` or ``record`` line of :func:`dump_lines`;
+    else a ValueError that says what is wrong with it."""
+    if not isinstance(line, dict) or len(line) != 1 or not line.keys() & {"meta", "record"}:
+        raise ValueError('not {"meta": {...}} nor {"record": {...}}')
+    (kind, body), = line.items()
+    if not isinstance(body, dict):
+        raise ValueError(f"{kind} is not an object")
+    if kind == "meta":
+        if body.keys() != {"site", "key", "value"} or not isinstance(body["site"], str) \
+                or not isinstance(body["key"], str):
+            raise ValueError("a meta line has a site and a key (strings) and a value, nothing else")
+        return line
+    if missing := _REQUIRED - body.keys():
+        raise ValueError(f"record without {', '.join(sorted(missing))}")
+    if unknown := body.keys() - _FIELD_CHECKS.keys():
+        raise ValueError(f"record with unknown fields {', '.join(sorted(unknown))}")
+    for name, value in body.items():
+        what, ok = _FIELD_CHECKS[name]
+        if not ok(value):
+            raise ValueError(f"record field {name} must be {what}, not {value!r}")
+    if body.get("state", NEW) not in STATES:
+        raise ValueError(f"record state {body['state']!r} is not one of {', '.join(STATES)}")
+    if not -(1 << 63) <= body["fingerprint"] < 1 << 63:
+        raise ValueError("record fingerprint is not a signed 64-bit integer")
+    return line
+
+
+def read_jsonl(stream: IO[str], name: str) -> Iterator[dict[str, Any]]:
+    """The lines of ``stream`` (a file named ``name``), each checked: a
+    :class:`BadLine` names the first bad one, ``FILE:LINE: problem``."""
+    n = 0
+    try:
+        for n, text in enumerate(stream, 1):
+            if text.strip():
+                try:
+                    line = _checked(json.loads(text))
+                except ValueError as exc:  # json.JSONDecodeError among them
+                    raise BadLine(f"{name}:{n}: {exc}") from None
+                yield line
+    except UnicodeDecodeError as exc:
+        # Decoded a block at a time: the bad byte is in this line or a later one.
+        raise BadLine(f"{name}: not UTF-8 text ({exc.reason}), in line {n + 1} or after") from None
 
 
 def report(counts: dict[str, int], where: str) -> None:
