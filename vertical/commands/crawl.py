@@ -1,10 +1,11 @@
-"""``scrapy crawl``, checking the ``vertical`` spider's site config and
-Scrapy settings before the crawl starts.
+"""``scrapy crawl``, checking the ``vertical`` spider's arguments, site
+config and Scrapy settings before the crawl starts.
 
 Scrapy would report a bad config as a traceback from the spider's
 constructor; a config author needs one line naming the file, the key path and
 the problem, and the run must stop before any request. The same goes for a
-Scrapy setting vertical cannot honour (:mod:`vertical.scrapy_settings`).
+bad spider argument (``-a mode=``) and for a setting vertical cannot honour or
+read (:mod:`vertical.scrapy_settings`).
 
 A crawl that closes because its store is gone (``store_unavailable``, see
 :mod:`vertical.scheduler`) exits with 1, as one that failed to start: a
@@ -52,7 +53,7 @@ class Command(ScrapyCrawlCommand):
                 return
         self._crawlers: list[Crawler] = []
         super().run(args, opts)
-        if any(_finish_reason(c) in FAILED_REASONS for c in self._crawlers):
+        if any(_reason_of(c) in FAILED_REASONS for c in self._crawlers):
             self.exitcode = 1
 
     def _create_crawler(self, spidercls: type[Spider] | str) -> Crawler:
@@ -61,7 +62,7 @@ class Command(ScrapyCrawlCommand):
         return crawler
 
 
-def _finish_reason(crawler: Crawler) -> str | None:
+def _reason_of(crawler: Crawler) -> str | None:
     """The crawl's finish reason; None for one that failed to start (Scrapy
     then exits with 1 itself), whose stats were never set."""
     try:
