@@ -42,7 +42,7 @@ from vertical.extract import Record, extract_records, follow_urls, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import feed_links, granted, read_sitemap, sitemap_body, sitemap_wanted
+from vertical.sitemaps import feed_links, granted, read_sitemap, sitemap_body, sitemap_max_size, sitemap_wanted
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -161,6 +161,7 @@ class VerticalSpider(Spider):
         self._sitemap_loop: task.LoopingCall | None = None
         self.sitemap_ttl = 0.0  # VERTICAL_SITEMAP_TTL and friends, set in from_crawler
         self.sitemap_depth = 0
+        self.sitemap_max_size = 0
         self.feed_discovery = False
 
     @classmethod
@@ -178,6 +179,7 @@ class VerticalSpider(Spider):
         crawler.signals.connect(spider._callback_failed, signal=signals.spider_error)
         spider.sitemap_ttl = crawler.settings.getfloat("VERTICAL_SITEMAP_TTL")
         spider.sitemap_depth = crawler.settings.getint("VERTICAL_SITEMAP_DEPTH")
+        spider.sitemap_max_size = sitemap_max_size(crawler.settings.getint("DOWNLOAD_MAXSIZE"))
         spider.feed_discovery = crawler.settings.getbool("VERTICAL_FEED_DISCOVERY")
         crawler.signals.connect(spider._sitemaps_opened, signal=signals.spider_opened)
         crawler.signals.connect(spider._sitemaps_closed, signal=signals.spider_closed)
@@ -279,7 +281,9 @@ class VerticalSpider(Spider):
                 requests.append(Request(url, callback=self.parse_sitemap, errback=self._sitemap_failed,
                                         headers=reading.get("validators"), dont_filter=True,
                                         meta={META_DIRECT: True,
-                                              META_SITEMAP: (depth, began, reading.get("children", []))}))
+                                              META_SITEMAP: (depth, began, reading.get("children", [])),
+                                              "download_maxsize": self.sitemap_max_size,
+                                              "download_warnsize": self.sitemap_max_size}))
             if not listed:
                 return requests
             return self._index_reads(listed, depth + 1, min_age).addCallback(lambda more: requests + more)
@@ -309,7 +313,7 @@ class VerticalSpider(Spider):
             scheduler.sitemap_read(url, began)
             self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
-        body = sitemap_body(response, self.crawler.settings.getint("DOWNLOAD_MAXSIZE")) \
+        body = sitemap_body(response, self.sitemap_max_size) \
             if response.status == 200 else None
         kind, entries = read_sitemap(body, response.url) if body is not None else ("", [])
         if not kind:

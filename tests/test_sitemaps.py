@@ -449,6 +449,31 @@ def test_a_feed_named_as_a_sitemap_brings_its_items(tmp_path):
     assert result.stat("vertical/sitemap/feed") == 1 and result.stat("vertical/sitemap/urls") == 2
 
 
+def test_a_sitemap_larger_than_download_maxsize_is_read_within_the_protocols_limit(tmp_path):
+    """The sitemaps protocol allows a sitemap 50 MB, uncompressed;
+    DOWNLOAD_MAXSIZE caps pages (16 MB by default). Here it is 1 MB, and a
+    plain sitemap of 2.2 MB and a gzipped one that inflates to as much (the
+    URLs of another site pad them) are both read: before, the first was
+    cancelled as too large and the second taken for no sitemap."""
+
+    def urlset(page: str) -> bytes:
+        padding = "".join(f"<url><loc>http://elsewhere.example/p/{i}</loc></url>" for i in range(44_000))
+        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<urlset xmlns="http://www.sitemaps.org/schemas/'
+                f'sitemap/0.9"><url><loc>{page}</loc></url>{padding}</urlset>').encode()
+
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             "/news/a": (200, html()), "/news/b": (200, html())}
+    with serving(SmallSite(pages)) as server:
+        pages["/plain.xml"] = (200, urlset(f"{server.url}/news/a"))
+        pages["/packed.xml.gz"] = (200, gzip.compress(urlset(f"{server.url}/news/b")))
+        assert len(pages["/plain.xml"][1]) > 2_000_000 > 1_000_000 > len(pages["/packed.xml.gz"][1])
+        site = small_site(tmp_path, "news", server.url,
+                          sitemaps=[f"{server.url}/plain.xml", f"{server.url}/packed.xml.gz"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path, settings={"DOWNLOAD_MAXSIZE": 1_000_000})
+    assert {"/news/a", "/news/b"} <= set(server.log)
+    assert not result.stat("vertical/sitemap/unreadable") and not result.stat("vertical/sitemap/failed")
+
+
 def test_the_feeds_an_entry_page_announces_are_read(tmp_path):
     """The home page links its feed in its head (RSS autodiscovery): the
     feed is read as a sitemap and brings its items, which no link reaches.

@@ -42,11 +42,22 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["SitemapEntry", "feed_links", "granted", "lastmod_time", "read_feed", "read_sitemap", "reading_done",
-           "reading_key", "reading_lease", "readings", "sitemap_body", "sitemap_wanted", "take_reading"]
+__all__ = ["SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted", "lastmod_time", "read_feed", "read_sitemap",
+           "reading_done", "reading_key", "reading_lease", "readings", "sitemap_body", "sitemap_max_size",
+           "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
+
+#: How large the sitemaps protocol lets a sitemap be, uncompressed (sitemaps.org:
+#: 50,000 URLs and 50 MB), whatever the crawl's DOWNLOAD_MAXSIZE for pages.
+SITEMAP_MAX_SIZE = 50 * 1024 * 1024
+
+
+def sitemap_max_size(download_maxsize: int) -> int:
+    """The largest sitemap read, downloaded or gunzipped: the protocol's
+    limit, or ``DOWNLOAD_MAXSIZE`` when larger or 0 (no limit)."""
+    return download_maxsize and max(download_maxsize, SITEMAP_MAX_SIZE)
 
 #: Atom 1.0's namespace, then Atom 0.3's.
 _ATOMS = ("http://www.w3.org/2005/Atom", "http://purl.org/atom/ns#")
