@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.crawling import REPO, crawl, site_file
+from tests.crawling import REPO, crawl, serving, site_file, small_site
+from tests.test_robots import SmallSite, html
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
 from vertical.frontier.sqlite import SQLiteFrontier
@@ -100,3 +101,18 @@ def test_per_host_page_cap_ends_the_crawl(demo, tmp_path):
     result = crawl(site, tmp_path / "f.sqlite3", tmp_path, timeout=120)
     assert result.stat("vertical/trap/host_page_cap") == 1
     assert len([r for r in demo.requests if r["path"] != "/robots.txt"]) <= 50
+
+
+def test_a_page_of_more_links_than_the_cap_gives_the_first_ones(tmp_path):
+    """Heritrix's max outlinks: a page's links are followed up to
+    ``traps.max_links_per_page``, the first in page order; the page is
+    counted (a link farm of 200,000 links peaked at 640 MB without it)."""
+    links = [f"/item/{i}" for i in range(40)]
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html(*links)),
+             **{link: (200, html()) for link in links}}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "farm", server.url, traps={"max_links_per_page": 25},
+                          politeness={"delay": 0, "concurrency": 4})
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    assert sorted(server.log) == sorted(["/robots.txt", "/", *links[:25]])
+    assert result.stat("vertical/trap/max_links_per_page") == 1

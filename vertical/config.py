@@ -215,6 +215,9 @@ class TrapConfig:
     # Chains of pages that yield nothing new (vertical.traps.BarrenGuard).
     max_barren_hops: int = 20
     family_budget: int = 1000
+    # Links followed from one page, the first in page order (Heritrix's
+    # max outlinks, 6000; Nutch's db.max.outlinks.per.page).
+    max_links_per_page: int = 6000
 
 
 @dataclass(frozen=True)
@@ -809,7 +812,7 @@ class _SiteParser:
 
     def traps(self, data: dict[str, Any]) -> TrapConfig:
         limits = ("max_url_length", "max_path_segments", "max_segment_repeats", "max_query_params", "max_pages_per_host",
-                  "max_barren_hops", "family_budget")
+                  "max_barren_hops", "family_budget", "max_links_per_page")
         known = (*limits, "strip_params", "host_share_guard", "host_share_min_pages")
         section = self.section(data, "traps", known)
         d = TrapConfig()
