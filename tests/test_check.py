@@ -108,3 +108,17 @@ def test_config_only_and_bad_config(tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith(f"vertical: bad site config: {bad}: documents[0].fields.year.regex:")
     assert "Traceback" not in done.stderr
+
+
+def test_links_past_the_pages_cap_are_shown_dropped():
+    from scrapy.http import HtmlResponse
+
+    from vertical.check import check_page
+    from vertical.config import parse_site
+
+    site = parse_site({"name": "farm", "start_urls": ["http://127.0.0.1/"], "traps": {"max_links_per_page": 3}})
+    body = "".join(f'<a href="/item/{i}">{i}</a>' for i in range(5))
+    response = HtmlResponse("http://127.0.0.1/", body=f"<html><body>{body}</body></html>", encoding="utf-8")
+    links = check_page(site, response, response.url)["links"]
+    assert [(link["url"].rsplit("/", 1)[1], link["reason"]) for link in links] == [
+        ("0", None), ("1", None), ("2", None), ("3", "trap/max_links_per_page"), ("4", "trap/max_links_per_page")]

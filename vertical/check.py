@@ -64,6 +64,7 @@ def check_page(site: SiteConfig, response: Response, url: str, level: int = 0) -
         out["records"] = [{"document": r.document, "key": r.key, "checksum": record_checksum(r.document, r.fields),
                            "fields": r.fields} for r in result.records]
         out["skipped"] = [{"reason": s.reason, "key": s.key, "detail": s.detail} for s in result.skipped]
+    followed, most = 0, site.traps.max_links_per_page
     for link in explain_links(site, response, level=level):
         target, reason = link.url, link.reason
         if link.follow:
@@ -74,6 +75,10 @@ def check_page(site: SiteConfig, response: Response, url: str, level: int = 0) -
             else:
                 if trap := check_url(target, site.traps):
                     reason = TRAP_PREFIX + trap
+                elif most and followed >= most:
+                    reason = TRAP_PREFIX + "max_links_per_page"
+                else:
+                    followed += 1
         out["links"].append({"url": target, "text": link.text, "follow": reason is None, "reason": reason,
                              "nofollow": link.nofollow})
     return out
