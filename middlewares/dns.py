@@ -124,7 +124,7 @@ class CachingResolver:
         """Build from settings. Scrapy passes its ``CrawlerProcess`` here, so
         only ``crawler.settings`` is used."""
         settings = crawler.settings
-        servers = [_server(s) for s in settings.getlist("VERTICAL_DNS_SERVERS")]
+        servers = [name_server(s) for s in settings.getlist("VERTICAL_DNS_SERVERS")]
         return cls(
             reactor,
             ttl=settings.getfloat("VERTICAL_DNS_TTL", 3600.0),
@@ -286,12 +286,19 @@ def _getaddrinfo(name: str) -> tuple[str, None]:
     return infos[0][4][0], None
 
 
-def _server(address: str) -> tuple[str, int]:
-    """``"host:port"``, ``"host"`` (port 53) or ``"[v6]:port"`` as a pair."""
+def name_server(address: str) -> tuple[str, int]:
+    """A ``VERTICAL_DNS_SERVERS`` entry, ``"ip:port"``, ``"ip"`` (port 53) or
+    ``"[v6]:port"``, as a pair; a ValueError says what is wrong with it
+    (Twisted Names sends its queries to addresses, not names)."""
     if address.startswith("["):
-        host, _, port = address[1:].partition("]")
-        return host, int(port.lstrip(":") or 53)
-    host, _, port = address.partition(":")
+        host, bracket, port = address[1:].partition("]")
+        host, port = (host, port.removeprefix(":")) if bracket else ("", "")
+    else:
+        host, _, port = address.partition(":")
+    if not (isIPAddress(host) or isIPv6Address(host)) or not (port or "53").isdigit() \
+            or not 0 < int(port or 53) < 65536:
+        raise ValueError(f"{address!r} is not an IP address with an optional port (10.0.0.2, 10.0.0.2:5353, "
+                         f"[::1]:53)")
     return host, int(port or 53)
 
 

@@ -95,9 +95,17 @@ def test_scrapy_crawl_resolves_through_the_cache_and_prefetches() -> None:
     [("127.0.0.1:5353", ("127.0.0.1", 5353)), ("10.0.0.1", ("10.0.0.1", 53)), ("[::1]:53", ("::1", 53))],
 )
 def test_server_setting_syntax(address: str, expected: tuple[str, int]) -> None:
-    from middlewares.dns import _server
+    from middlewares.dns import name_server
 
-    assert _server(address) == expected
+    assert name_server(address) == expected
+
+
+@pytest.mark.parametrize("address", ["ns1.example.net", "127.0.0.1:dns", "127.0.0.1:70000", "[::1", "::1"])
+def test_a_name_server_that_is_no_address_is_refused(address: str) -> None:
+    from middlewares.dns import name_server
+
+    with pytest.raises(ValueError, match="is not an IP address with an optional port"):
+        name_server(address)
 
 
 # --- what runs in the subprocess -----------------------------------------

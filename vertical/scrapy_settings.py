@@ -27,6 +27,7 @@ and, for its one-line message, by ``scrapy crawl``):
 ``VERTICAL_*`` numbers         refused when not a number in their range
                                (:data:`NUMBERS`): a lease of 0, a port of 99999
 ``REDIS_PARAMS``               refused when not a dict (or a JSON object)
+``VERTICAL_DNS_SERVERS``       refused unless IP addresses (with a port or not)
 ``VERTICAL_STORE``             refused when its URI is malformed (an unknown
                                scheme, a port or database that is not a number,
                                a bad ``?patience=``): checked as written, before
@@ -120,6 +121,13 @@ def check(settings: Any) -> None:
         if not (math.isfinite(number) and _RANGES[limits](number)):
             noun = "a whole number" if kind is int else "a number"
             _refuse(name, f"must be {noun}{' ' + limits if limits else ''}, not {value!r}")
+    from middlewares.dns import name_server
+
+    for address in settings.getlist("VERTICAL_DNS_SERVERS"):
+        try:
+            name_server(address)
+        except ValueError as exc:
+            _refuse("VERTICAL_DNS_SERVERS", str(exc))
     try:
         settings.getdict("REDIS_PARAMS")
     except ValueError as exc:  # a JSON string from the command line
