@@ -66,6 +66,8 @@ def truth_films(demo: DemoServer) -> set[str]:
     ("VERTICAL_METRICS_PORT", "99999"),
     ("REDIS_PARAMS", "{socket_timeout: 5}"),  # not JSON
     ("VERTICAL_DNS_SERVERS", "ns1.example.net"),  # Twisted Names needs an address: every lookup would fail
+    ("VERTICAL_WARC_DIR", "/proc/warc"),  # no folder can be made there, even by root
+    ("VERTICAL_STATS_FILE", "/proc/crawl/stats.json"),
 ])
 def test_settings_vertical_cannot_honour_stop_the_run_before_any_request(name, value, site, demo, tmp_path):
     result = crawl(site, tmp_path / "f.sqlite3", tmp_path, settings={name: value}, check=False)

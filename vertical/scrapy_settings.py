@@ -28,6 +28,9 @@ and, for its one-line message, by ``scrapy crawl``):
                                (:data:`NUMBERS`): a lease of 0, a port of 99999
 ``REDIS_PARAMS``               refused when not a dict (or a JSON object)
 ``VERTICAL_DNS_SERVERS``       refused unless IP addresses (with a port or not)
+``VERTICAL_WARC_DIR``,         refused when the folder (the file's, for the
+``VERTICAL_MIRROR_DIR``,       stats) cannot be made or written in: every page
+``VERTICAL_STATS_FILE``        would fail to be kept, with a traceback each
 ``VERTICAL_STORE``             refused when its URI is malformed (an unknown
                                scheme, a port or database that is not a number,
                                a bad ``?patience=``): checked as written, before
@@ -42,6 +45,7 @@ and, for its one-line message, by ``scrapy crawl``):
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -121,6 +125,17 @@ def check(settings: Any) -> None:
         if not (math.isfinite(number) and _RANGES[limits](number)):
             noun = "a whole number" if kind is int else "a number"
             _refuse(name, f"must be {noun}{' ' + limits if limits else ''}, not {value!r}")
+    for name, kind in (("VERTICAL_WARC_DIR", "folder"), ("VERTICAL_MIRROR_DIR", "folder"),
+                       ("VERTICAL_STATS_FILE", "file")):
+        if where := settings.get(name):
+            # Made now, as the crawl would make it at its first write.
+            folder = Path(where) if kind == "folder" else Path(where).parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                _refuse(name, f"cannot make the folder {folder}: {exc.strerror or exc}")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                _refuse(name, f"cannot write in {folder}")
     from middlewares.dns import name_server
 
     for address in settings.getlist("VERTICAL_DNS_SERVERS"):
