@@ -4,14 +4,16 @@ real continuous crawl of the demo site runs."""
 from __future__ import annotations
 
 import signal
+import socket
 import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
 
-from tests.crawling import site_file, start_crawl, wait_for
+from tests.crawling import crawl, site_file, start_crawl, wait_for
 from tests.redis_server import free_port
+from tests.test_redis_crawl import documents, truth_documents
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
 from vertical.metrics import BACKLOG_TTL
@@ -89,3 +91,18 @@ def test_no_endpoint_unless_asked(tmp_path):
 
     with pytest.raises(NotConfigured):
         PrometheusMetrics.from_crawler(get_crawler(settings_dict={"VERTICAL_METRICS_PORT": 0}))
+
+
+def test_a_port_taken_leaves_the_crawl_going_without_metrics(tmp_path):
+    """Two processes given one port: the second says so in one error, no
+    traceback, and crawls the whole site all the same."""
+    with serve(DemoSite(seed=0)) as demo, socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = crawl(site_file(tmp_path, demo.url), tmp_path / "f.sqlite3", tmp_path, check=False,
+                       settings={"VERTICAL_METRICS_PORT": port})
+        truth = demo.site.truth()
+    assert result.returncode == 0
+    errors = [line for line in result.log.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1 and f"cannot listen on 127.0.0.1:{port}" in errors[0], errors
+    assert "Traceback" not in result.log
+    assert set(documents(result.items)) == truth_documents(truth, demo.url)

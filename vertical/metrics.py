@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
+from twisted.internet.error import CannotListenError
 from twisted.web.resource import Resource
 
 from vertical.progress import ask_store_due
@@ -248,8 +249,15 @@ class PrometheusMetrics:
         from twisted.web.server import Site
 
         self.collector.started = time.time()
-        self.listening = reactor.listenTCP(self.port, Site(MetricsPage(self.registry)),  # type: ignore[attr-defined]
-                                           interface=self.address)
+        try:
+            self.listening = reactor.listenTCP(self.port, Site(MetricsPage(self.registry)),  # type: ignore[attr-defined]
+                                               interface=self.address)
+        except CannotListenError as exc:
+            # Metrics are for watching a crawl, not worth stopping it (another
+            # process of the machine given the same port, most likely).
+            logger.error("No metrics: cannot listen on %s:%d (%s); the crawl goes on without them (give each "
+                         "process its own VERTICAL_METRICS_PORT)", self.address, self.port, exc.socketError)
+            return
         logger.info("Metrics on http://%s:%d/metrics", self.address, self.port)
 
     def spider_closed(self) -> None:
