@@ -55,7 +55,7 @@ from scrapy.utils.misc import load_object
 
 from vertical.config import ConfigError
 
-__all__ = ["SETTINGS_FILE", "apply_jobdir", "check"]
+__all__ = ["NUMBERS", "SETTINGS_FILE", "apply_jobdir", "check"]
 
 #: The "file" named by a :class:`ConfigError` about a Scrapy setting.
 SETTINGS_FILE = "<settings>"

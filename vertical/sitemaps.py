@@ -59,6 +59,7 @@ def sitemap_max_size(download_maxsize: int) -> int:
     limit, or ``DOWNLOAD_MAXSIZE`` when larger or 0 (no limit)."""
     return download_maxsize and max(download_maxsize, SITEMAP_MAX_SIZE)
 
+
 #: Atom 1.0's namespace, then Atom 0.3's.
 _ATOMS = ("http://www.w3.org/2005/Atom", "http://purl.org/atom/ns#")
 _DC = "http://purl.org/dc/elements/1.1/"

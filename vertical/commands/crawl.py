@@ -35,9 +35,8 @@ FAILED_REASONS = frozenset({"store_unavailable", "store_unsuitable", "store_lost
 class Command(ScrapyCrawlCommand):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if args and args[0] == "vertical":
-            from vertical import scrapy_settings
-
             from spiders.vertical import ARGUMENTS, check_arguments
+            from vertical import scrapy_settings
 
             site = opts.spargs.get("site")
             if not site:
