@@ -124,9 +124,9 @@ def _spoiled(line: str, **fields: object) -> str:
 def test_a_bad_line_stops_the_import_naming_it_and_writes_nothing_false(sqlite_source, tmp_path, spoil, problem):
     """A line frontier_export would not write (edited by hand, cut short)
     stops the import with its file and line, exit status 2: it was a
-    traceback, or a record of the wrong types written into the store. The
-    batches before it are in the store, each record whole and true, and the
-    mended file loads as exported."""
+    traceback, or a record of the wrong types written into the store. Only
+    whole, true records are in the store (those of the batches of 1,000 lines
+    before it: none here), and the mended file loads as exported."""
     dump = tmp_path / "movies.jsonl"
     ok("frontier_export", "--from", sqlite_source, "--site", "movies", "-o", str(dump))
     lines = dump.read_text().splitlines()
