@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.utils
 import time
 import zlib
 from collections.abc import Iterator
@@ -189,6 +190,55 @@ def test_5xx_robots_txt_postpones_the_host(tmp_path):
         server.pages["/robots.txt"] = (200, b"User-agent: *\nDisallow: /b\n")
         crawl(site, store, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": 7300})
         assert sorted(server.log) == ["/", "/a", "/robots.txt"]
+
+
+class _AskingToWait(_Handler):
+    """A page of ``server.waits`` answers its status with that Retry-After
+    (None: without one), and then 200."""
+
+    def do_GET(self) -> None:
+        server = self.server
+        if (answer := server.waits.pop(self.path, None)) is None:
+            super().do_GET()
+            return
+        status, retry_after = answer
+        server.log.append(self.path)
+        self.send_response(status)
+        if retry_after is not None:
+            self.send_header("Retry-After", retry_after)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+@pytest.mark.parametrize(("status", "retry_after", "wait"), [
+    (429, "1800", 1800), (503, "HTTP date", 1800), (429, None, 60), (429, "36000", 3600)],
+    ids=["429 seconds", "503 date", "429 bare", "429 longer than the most"])
+def test_a_host_that_asks_to_wait_is_left_alone_that_long(tmp_path, status, retry_after, wait):
+    """RFC 9110's Retry-After, on a 429 (RFC 6585) or 503: the page is asked
+    once (Scrapy's RetryMiddleware would ask again at once, twice), the host
+    is left alone for what it asked, at most VERTICAL_RETRY_AFTER_MAX (an
+    hour), and the page waits in the store as it was, neither fetched nor
+    failed. A 429 without Retry-After: a minute."""
+    if retry_after == "HTTP date":
+        retry_after = email.utils.formatdate(time.time() + wait, usegmt=True)
+    store = tmp_path / "f.sqlite3"
+    server = SmallSite({**PAGES, "/robots.txt": (200, b"User-agent: *\n")})
+    server.RequestHandlerClass = _AskingToWait
+    server.waits = {"/a": (status, retry_after)}
+    with serving(server):
+        site = _site(tmp_path, server)
+        before = time.time()
+        result = crawl(site, store, tmp_path)
+        asked = server.log.index("/a")
+        assert server.log.count("/a") == 1 and server.log[asked + 1:] == [], server.log  # nothing after it
+        assert result.stat("vertical/host/retry_after") == 1 and result.stat("vertical/pages/failed") == 0
+        entry = records(store, "small")["/a"]
+        assert entry.state == "new" and entry.visits == 0 and not entry.claim_owner
+        assert before + wait - 5 <= entry.next_fetch <= time.time() + wait
+        # Once the wait is over, the host is fetched again.
+        server.log.clear()
+        crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": wait + 60})
+        assert "/a" in server.log
 
 
 def test_robots_txt_is_fetched_again_after_its_ttl(tmp_path):

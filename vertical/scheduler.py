@@ -789,10 +789,15 @@ class FrontierScheduler(BaseScheduler):
 
     def postpone_host(self, host: str, seconds: float) -> None:
         """Leave a host alone for a while (its robots.txt answered 5xx or timed
-        out): its queued records go back to the store for later."""
+        out, it answered 429 or asked to wait with Retry-After): its queued
+        records go back to the store for later."""
         self._postponed[host] = self.now() + seconds
         self._release_host(host)
         self.stats.inc_value("vertical/host/postponed")
+
+    def is_postponed(self, host: str) -> bool:
+        """Whether :meth:`postpone_host` still leaves ``host`` alone."""
+        return self._postponed.get(host, 0.0) > self.now()
 
     def _wants(self, host: str, taking: int) -> bool:
         """Keep a new URL for this process? Only while its host queue is short:

@@ -94,6 +94,7 @@ NUMBERS: dict[str, tuple[type, str]] = {
     "VERTICAL_METRICS_PORT": (int, "from 0 to 65535"),
     "VERTICAL_ROBOTS_TTL": (float, "of 0 or more"),
     "VERTICAL_ROBOTS_POSTPONE": (float, "of 0 or more"),
+    "VERTICAL_RETRY_AFTER_MAX": (float, "of 0 or more"),
     "VERTICAL_SITEMAP_TTL": (float, "of 0 or more"),
     "VERTICAL_SITEMAP_DEPTH": (int, "of 0 or more"),
     "VERTICAL_DNS_TTL": (float, "of 0 or more"),

@@ -95,6 +95,9 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
     "middlewares.robots.RobotsMiddleware": 100,
     "middlewares.conditional.ConditionalRequestMiddleware": 560,
+    # 429, and 503 with Retry-After, postpone the host, before Scrapy's
+    # RetryMiddleware (550) would ask again at once.
+    "middlewares.backoff.HostBackoffMiddleware": 555,
     # Responses pass 585 before 575: traps are dropped before they are hashed,
     # both after decompression (590) and redirects (600).
     "middlewares.duplicates.DuplicateContentMiddleware": 575,
@@ -117,6 +120,8 @@ ROBOTSTXT_OBEY = True
 # answers 5xx/429 or fails, the host is left alone this long.
 VERTICAL_ROBOTS_TTL = 86400
 VERTICAL_ROBOTS_POSTPONE = 3600
+# The longest a page's Retry-After (on a 429 or 503) leaves its host alone.
+VERTICAL_RETRY_AFTER_MAX = 3600
 # A sitemap is read again (conditionally) this many seconds after it was last
 # read by any process of the site, while a crawl runs; a run reads at its
 # start those not read within half of it (0: once a run, as a SitemapSpider

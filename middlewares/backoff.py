@@ -1,0 +1,88 @@
+"""A host that asks to be left alone is (RFC 9110 10.2.3 ``Retry-After``; RFC 6585 429).
+
+:class:`HostBackoffMiddleware` sees a frontier page's response before
+Scrapy's ``RetryMiddleware``, which would send a 429 or 503 again at once,
+``RETRY_TIMES`` times, and go on fetching the host's other pages at the same
+pace. Instead, when the host answers
+
+- 429 (Too Many Requests), or 503 (Service Unavailable) with a
+  ``Retry-After``: the host is postponed (``scheduler.postpone_host``) for
+  what ``Retry-After`` asks, seconds or an HTTP date, at most
+  ``VERTICAL_RETRY_AFTER_MAX``; a 429 without it for
+  :data:`TOO_MANY_REQUESTS_WAIT`. The page goes back to the store unchanged,
+  due when the host is again (it was not fetched: no failure counted, no
+  change rate learned), and the request is ignored. Counted in
+  ``vertical/host/retry_after``.
+- 503 without ``Retry-After``: a server error like any other, left to
+  Scrapy's retries and then the spider's failure backoff.
+
+Requests without a frontier record (robots.txt, sitemaps) are left to Scrapy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy.exceptions import IgnoreRequest
+
+from vertical.commit import FrontierCommit
+from vertical.policies.estimate import parse_http_date
+from vertical.scheduler import META_RECORD
+from vertical.urls import host_of
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+    from vertical.record import URLRecord
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a host that answered 429 without ``Retry-After`` is left alone.
+TOO_MANY_REQUESTS_WAIT = 60.0
+
+
+def retry_after(value: bytes | str | None, now: float) -> float | None:
+    """Seconds a ``Retry-After`` value asks for (delay-seconds, or an HTTP
+    date, ``now`` the wall clock); None when absent or unreadable."""
+    if not value:
+        return None
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
+    if text.isdigit():
+        return float(text)
+    when = parse_http_date(text)
+    return None if when is None else max(0.0, when - now)
+
+
+class HostBackoffMiddleware:
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.longest: float = crawler.settings.getfloat("VERTICAL_RETRY_AFTER_MAX")
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> HostBackoffMiddleware:
+        return cls(crawler)
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        record: URLRecord | None = request.meta.get(META_RECORD)
+        if record is None or response.status not in (429, 503):
+            return response
+        asked = retry_after(response.headers.get(b"Retry-After"), time.time())
+        if asked is None:
+            if response.status == 503:
+                return response  # a server error: Scrapy's retries, then the failure backoff
+            asked = TOO_MANY_REQUESTS_WAIT
+        wait = min(asked, self.longest)
+        scheduler: Any = self.crawler.engine.scheduler  # type: ignore[union-attr]
+        host = host_of(request.url)
+        if not scheduler.is_postponed(host):
+            logger.info("%s answered %d (Retry-After %s): host left alone for %gs", host, response.status,
+                        (response.headers.get(b"Retry-After") or b"-").decode("latin-1"), wait)
+        scheduler.postpone_host(host, wait)
+        self.crawler.get_extension(FrontierCommit).page_parked(record, record.state, scheduler.now() + wait)
+        del request.meta[META_RECORD]  # settled: the spider's errback leaves it alone
+        self.crawler.stats.inc_value("vertical/host/retry_after")
+        raise IgnoreRequest(f"{response.status} from {host}: postponed {wait:g}s")
