@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from typing_extensions import Self
 
     from vertical.record import URLRecord
 
@@ -63,7 +64,7 @@ class HostBackoffMiddleware:
         self.longest: float = crawler.settings.getfloat("VERTICAL_RETRY_AFTER_MAX")
 
     @classmethod
-    def from_crawler(cls, crawler: Crawler) -> HostBackoffMiddleware:
+    def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
 
     def process_response(self, request: Request, response: Response) -> Response:
