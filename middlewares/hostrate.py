@@ -112,6 +112,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.python.failure import Failure
 
 from vertical.compat import download_slot, set_slot_delay, slot_active, slot_concurrency, slot_settings
+from vertical.frontier import REDIS_SCHEMES
 from vertical.frontier.worker import StoreThread
 
 # redis (and the Redis frontier) are imported only once the middleware is
@@ -334,7 +335,7 @@ class HostRateMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         uri = crawler.settings.get("VERTICAL_STORE") or ""
-        if not uri.startswith(("redis://", "rediss://", "unix://")):
+        if not uri.startswith(REDIS_SCHEMES):
             raise NotConfigured("the per-host rate is shared through a redis:// VERTICAL_STORE only")
         from vertical.frontier.redis import RedisFrontier
 

@@ -106,10 +106,11 @@ ARGUMENTS = "<command line>"
 
 
 def check_arguments(lane: str | None = None, mode: str | None = None, pages: int | str = 0,
-                    seconds: float | str = 0) -> tuple[str | None, str, int, float]:
+                    seconds: float | str = 0, **others: Any) -> tuple[str | None, str, int, float]:
     """The spider's own arguments (``-a lane= mode= pages= seconds=``) as
     it uses them, or a :class:`ConfigError` naming the bad one (``scrapy
-    crawl`` checks them so before the crawl starts)."""
+    crawl`` checks them so before the crawl starts); ``others`` (``site``,
+    a subclass's) are not its to check."""
     if lane not in (None, "", "fast", "slow"):
         raise ConfigError(ARGUMENTS, "lane", f"{lane!r} is not fast or slow")
     if mode not in (None, "", "once", "continuous"):

@@ -126,6 +126,8 @@ STORE_UNSUITABLE = "store_unsuitable"
 #: The finish reason of a crawl whose store lost its data while the crawl ran
 #: (see :class:`~vertical.frontier.base.StoreLost`).
 STORE_LOST = "store_lost"
+#: The finish reasons of a crawl that failed (``scrapy crawl`` exits with 1).
+FAILED_REASONS = frozenset({STORE_UNAVAILABLE, STORE_UNSUITABLE, STORE_LOST})
 
 
 def lane_for(site: SiteConfig, name: str | None) -> Lane:

@@ -28,10 +28,6 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
 
-#: Finish reasons of a crawl that failed (the exit status is 1).
-FAILED_REASONS = frozenset({"store_unavailable", "store_unsuitable", "store_lost"})
-
-
 class Command(ScrapyCrawlCommand):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if args and args[0] == "vertical":
@@ -42,7 +38,7 @@ class Command(ScrapyCrawlCommand):
             if not site:
                 raise UsageError("the vertical spider needs -a site=NAME (a name in sites/ or a path)")
             try:
-                check_arguments(**{k: v for k, v in opts.spargs.items() if k in ("lane", "mode", "pages", "seconds")})
+                check_arguments(**opts.spargs)
                 scrapy_settings.check(self.settings)
                 load_site(site, self.settings.get("VERTICAL_SITES"))
             except ConfigError as exc:
@@ -50,6 +46,8 @@ class Command(ScrapyCrawlCommand):
                 print(f"vertical: bad {what}: {exc}", file=sys.stderr)
                 self.exitcode = 2
                 return
+        from vertical.scheduler import FAILED_REASONS
+
         self._crawlers: list[Crawler] = []
         super().run(args, opts)
         if any(_reason_of(c) in FAILED_REASONS for c in self._crawlers):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from vertical.frontier.base import ALL, Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore
 
-__all__ = ["ALL", "Frontier", "Lane", "StoreLost", "StoreUnavailable", "UnsuitableStore", "check_store_uri",
-           "open_frontier"]
+__all__ = ["ALL", "REDIS_SCHEMES", "Frontier", "Lane", "StoreLost", "StoreUnavailable", "UnsuitableStore",
+           "check_store_uri", "open_frontier"]
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+#: How a Redis store's URI starts (the others are sqlite:///).
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def check_store_uri(uri: str) -> None:
@@ -16,7 +17,7 @@ def check_store_uri(uri: str) -> None:
     it: a crawl checks its ``VERTICAL_STORE`` so before any component starts."""
     if uri.startswith("sqlite:///"):
         return
-    if uri.startswith(_REDIS_SCHEMES):
+    if uri.startswith(REDIS_SCHEMES):
         from vertical.frontier.redis import RedisFrontier
 
         RedisFrontier.parse_uri(uri)
@@ -30,11 +31,11 @@ def check_store_uri(uri: str) -> None:
 
 def open_frontier(uri: str, **redis_params: object) -> Frontier:
     """Open the store named by ``uri``: ``sqlite:///path`` or ``redis://host:port/db``."""
-    check_store_uri(uri)
-    if uri.startswith(_REDIS_SCHEMES):
+    if uri.startswith(REDIS_SCHEMES):
         from vertical.frontier.redis import RedisFrontier
 
-        return RedisFrontier.from_uri(uri, **redis_params)
+        return RedisFrontier.from_uri(uri, **redis_params)  # checks the URI as check_store_uri does
+    check_store_uri(uri)
     from vertical.frontier.sqlite import SQLiteFrontier
 
     return SQLiteFrontier.from_uri(uri)
