@@ -17,6 +17,12 @@ pace. Instead, when the host answers
   Scrapy's retries and then the spider's failure backoff.
 
 Requests without a frontier record (robots.txt, sitemaps) are left to Scrapy.
+
+On a Redis store the wait holds for every crawl process of the site: the
+per-host rate (:mod:`middlewares.hostrate`) tells Redis the wait, and the
+other processes' next turns at the host are refused until it is over; each
+of their pages is then put back as here (:func:`leave_alone`) and the host
+postponed for what is left.
 """
 
 from __future__ import annotations
@@ -58,6 +64,34 @@ def retry_after(value: bytes | str | None, now: float) -> float | None:
     return None if when is None else max(0.0, when - now)
 
 
+def asked_wait(request: Request, response: Response, longest: float) -> float | None:
+    """Seconds the host of a frontier page's ``response`` asks to be left
+    alone (at most ``longest``), or None when it does not (see the module
+    docstring)."""
+    if response.status not in (429, 503) or META_RECORD not in request.meta:
+        return None
+    asked = retry_after(response.headers.get(b"Retry-After"), time.time())
+    if asked is None:
+        if response.status == 503:
+            return None  # a server error: Scrapy's retries, then the failure backoff
+        asked = TOO_MANY_REQUESTS_WAIT
+    return min(asked, longest)
+
+
+def leave_alone(crawler: Crawler, request: Request, wait: float, why: str) -> IgnoreRequest:
+    """Postpone the host of a frontier page's ``request`` for ``wait``
+    seconds and put the page back in the store unchanged, due when the host
+    is again; returns the exception that drops the request."""
+    scheduler: Any = crawler.engine.scheduler  # type: ignore[union-attr]
+    host = host_of(request.url)
+    if not scheduler.is_postponed(host):
+        logger.info("%s %s: host left alone for %gs", host, why, wait)
+    scheduler.postpone_host(host, wait)
+    record: URLRecord = request.meta.pop(META_RECORD)  # settled: the spider's errback leaves it alone
+    crawler.get_extension(FrontierCommit).page_parked(record, record.state, scheduler.now() + wait)
+    return IgnoreRequest(f"{host} {why}: postponed {wait:g}s")
+
+
 class HostBackoffMiddleware:
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
@@ -68,22 +102,9 @@ class HostBackoffMiddleware:
         return cls(crawler)
 
     def process_response(self, request: Request, response: Response) -> Response:
-        record: URLRecord | None = request.meta.get(META_RECORD)
-        if record is None or response.status not in (429, 503):
+        wait = asked_wait(request, response, self.longest)
+        if wait is None:
             return response
-        asked = retry_after(response.headers.get(b"Retry-After"), time.time())
-        if asked is None:
-            if response.status == 503:
-                return response  # a server error: Scrapy's retries, then the failure backoff
-            asked = TOO_MANY_REQUESTS_WAIT
-        wait = min(asked, self.longest)
-        scheduler: Any = self.crawler.engine.scheduler  # type: ignore[union-attr]
-        host = host_of(request.url)
-        if not scheduler.is_postponed(host):
-            logger.info("%s answered %d (Retry-After %s): host left alone for %gs", host, response.status,
-                        (response.headers.get(b"Retry-After") or b"-").decode("latin-1"), wait)
-        scheduler.postpone_host(host, wait)
-        self.crawler.get_extension(FrontierCommit).page_parked(record, record.state, scheduler.now() + wait)
-        del request.meta[META_RECORD]  # settled: the spider's errback leaves it alone
         self.crawler.stats.inc_value("vertical/host/retry_after")
-        raise IgnoreRequest(f"{response.status} from {host}: postponed {wait:g}s")
+        asked = (response.headers.get(b"Retry-After") or b"-").decode("latin-1")
+        raise leave_alone(self.crawler, request, wait, f"answered {response.status} (Retry-After {asked})")

@@ -40,6 +40,13 @@ What callers can rely on:
   ``DOWNLOAD_TIMEOUT``) plus :data:`LEASE_MARGIN`. That bound is also the
   limit of the guarantee: a live process whose reactor stalls longer than it
   between a grant and the end of that download is treated as dead.
+* **A host that asks to be left alone** (a 429, or a 503 with
+  ``Retry-After``: :func:`middlewares.backoff.asked_wait`) is, by every
+  process: the process answered tells Redis the wait as the request's turn
+  ends, and no frontier page's turn is granted before it is over. A process refused for that puts
+  the page back in the store and postpones the host for what is left
+  (:func:`middlewares.backoff.leave_alone`), as the process that was
+  answered does. robots.txt and sitemaps are not held.
 * **The delay** is the host's download-slot delay: the site's politeness
   delay (``DOWNLOAD_DELAY``), or its per-slot value in ``DOWNLOAD_SLOTS``,
   which the robots middleware raises to the host's ``Crawl-delay``.
@@ -78,11 +85,13 @@ does not jump) and leaves out a request the host reads only after the
 crawler gave up on it (its download timed out).
 
 In Redis, under the frontier's prefix and the site's hash tag, a host has a
-hash ``vertical:{site}:hostrate:<host>`` (when its last download ended, and
-the delay of its last turn) and a sorted set ``...:flight`` (its turns in
-flight and their leases); both expire :data:`STATE_MARGIN` after they stop
-mattering. Stats: ``vertical/hostrate/granted`` (turns),
+hash ``vertical:{site}:hostrate:<host>`` (when its last download ended, the
+delay of its last turn, and until when it asked to be left alone) and a
+sorted set ``...:flight`` (its turns in flight and their leases); both expire
+:data:`STATE_MARGIN` after they stop mattering. Stats: ``vertical/hostrate/granted`` (turns),
 ``vertical/hostrate/waited`` (requests told "not yet" at least once),
+``vertical/hostrate/held`` (pages put back: the host asked another process
+to wait),
 ``vertical/hostrate/expired`` (dead processes' turns this one cleared),
 ``vertical/hostrate/retries`` (Redis unreachable).
 
@@ -111,9 +120,11 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.python.failure import Failure
 
+from middlewares.backoff import asked_wait, leave_alone
 from vertical.compat import download_slot, set_slot_delay, slot_active, slot_concurrency, slot_settings
 from vertical.frontier import REDIS_SCHEMES
 from vertical.frontier.worker import StoreThread
+from vertical.scheduler import META_RECORD
 
 # redis (and the Redis frontier) are imported only once the middleware is
 # enabled: Scrapy imports every configured middleware, and a crawl on a
@@ -152,9 +163,11 @@ BUSY_POLL = 0.05
 #: frontier's owners are checked against its registry of live processes.
 TOKEN_SEP = "\x1e"
 
-# Shared by both scripts. KEYS[1]: the host's state, a hash of "done" (Redis
-# time the last download ended) and "delay" (the last grantee's own delay);
-# KEYS[2]: the requests in flight, a sorted set of token -> lease expiry.
+# Shared by the scripts. KEYS[1]: the host's state, a hash of "done" (Redis
+# time the last download ended), "delay" (the last grantee's own delay) and
+# "until" (Redis time before which the host asked to be left alone: no turn
+# is granted); KEYS[2]: the requests in flight, a sorted set of token -> lease
+# expiry.
 # Times are seconds as "%.6f" strings: Lua numbers would come back truncated
 # to integers.
 _HELPERS = r"""
@@ -163,9 +176,10 @@ local function clock()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 -- Both keys live as long as their state matters: until the last lease
--- runs out, and the delay after the last end (and a margin).
-local function keep(now, done, delay, margin)
-  local horizon = done + delay
+-- runs out, the delay after the last end, and the wait the host asked for
+-- (and a margin).
+local function keep(now, done, delay, quiet, margin)
+  local horizon = math.max(done + delay, quiet)
   local last = redis.call("ZRANGE", KEYS[2], -1, -1, "WITHSCORES")
   if #last > 0 then horizon = math.max(horizon, tonumber(last[2])) end
   local ttl = math.ceil((horizon + margin - now) * 1000)
@@ -174,18 +188,21 @@ local function keep(now, done, delay, margin)
 end
 """
 
-# ARGV: token, delay, concurrency, lease, busy poll, state margin (seconds).
-# Returns {wait, expired}: wait "0" when the turn is granted, else the seconds
-# to wait before asking again; expired, the turns of others that ran out.
+# ARGV: token, delay, concurrency, lease, busy poll, state margin (seconds),
+# and "1" when the request is held while the host asked to be left alone.
+# Returns {wait, expired, held}: wait "0" when the turn is granted, else the
+# seconds to wait before asking again; expired, the turns of others that ran
+# out; held, 1 when the wait is the one the host asked for.
 _TAKE = _HELPERS + r"""
 local now = clock()
 -- Granted already: a retry of a take whose reply was lost (the same token).
 -- Asked again, the turn would wait for itself until its lease ran out.
 local mine = redis.call("ZSCORE", KEYS[2], ARGV[1])
-if mine and tonumber(mine) > now then return {"0", 0} end
-local state = redis.call("HMGET", KEYS[1], "done", "delay")
+if mine and tonumber(mine) > now then return {"0", 0, 0} end
+local state = redis.call("HMGET", KEYS[1], "done", "delay", "until")
 local done = tonumber(state[1]) or 0
 local delay = math.max(tonumber(ARGV[2]), tonumber(state[2]) or 0)
+local quiet = tonumber(state[3]) or 0
 -- A turn whose lease ran out (its process died) ends at its expiry.
 local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now, "WITHSCORES")
 local cleared = #expired / 2
@@ -210,6 +227,9 @@ end
 if cleared > 0 then
   redis.call("HSET", KEYS[1], "done", string.format("%.6f", done))
 end
+-- Rounded up: a wait that printed as "0.000000" would read as a grant.
+local function seconds(wait) return string.format("%.6f", math.ceil(wait * 1000000) / 1000000) end
+if quiet > now and ARGV[7] == "1" then return {seconds(quiet - now), cleared, 1} end
 local flying = redis.call("ZCARD", KEYS[2])
 local wait = 0
 if delay > 0 then
@@ -222,14 +242,11 @@ if delay > 0 then
 elseif flying >= tonumber(ARGV[3]) then
   wait = tonumber(ARGV[5])
 end
-if wait > 0 then
-  -- Rounded up: a wait that printed as "0.000000" would read as a grant.
-  return {string.format("%.6f", math.ceil(wait * 1000000) / 1000000), cleared}
-end
+if wait > 0 then return {seconds(wait), cleared, 0} end
 redis.call("ZADD", KEYS[2], string.format("%.6f", now + tonumber(ARGV[4])), ARGV[1])
 redis.call("HSET", KEYS[1], "delay", ARGV[2])
-keep(now, done, delay, tonumber(ARGV[6]))
-return {"0", cleared}
+keep(now, done, delay, quiet, tonumber(ARGV[6]))
+return {"0", cleared, 0}
 """
 
 # ARGV: token, state margin. The end is stamped now even for a token no
@@ -238,12 +255,23 @@ return {"0", cleared}
 _END = _HELPERS + r"""
 local now = clock()
 redis.call("ZREM", KEYS[2], ARGV[1])
-local state = redis.call("HMGET", KEYS[1], "done", "delay")
+local state = redis.call("HMGET", KEYS[1], "done", "delay", "until")
 local done = math.max(tonumber(state[1]) or 0, now)
 local delay = tonumber(state[2]) or 0
 redis.call("HSET", KEYS[1], "done", string.format("%.6f", done))
-keep(now, done, delay, tonumber(ARGV[2]))
+keep(now, done, delay, tonumber(state[3]) or 0, tonumber(ARGV[2]))
 return string.format("%.6f", done)
+"""
+
+# ARGV: seconds the host asked to be left alone, state margin. A longer wait
+# asked before stands.
+_HOLD = _HELPERS + r"""
+local now = clock()
+local state = redis.call("HMGET", KEYS[1], "done", "delay", "until")
+local quiet = math.max(tonumber(state[3]) or 0, now + tonumber(ARGV[1]))
+redis.call("HSET", KEYS[1], "until", string.format("%.6f", quiet))
+keep(now, tonumber(state[1]) or 0, tonumber(state[2]) or 0, quiet, tonumber(ARGV[2]))
+return string.format("%.6f", quiet)
 """
 
 
@@ -260,6 +288,7 @@ class HostTurns:
         self.prefix = prefix
         self._take = client.register_script(_TAKE)
         self._end = client.register_script(_END)
+        self._hold = client.register_script(_HOLD)
 
     def keys(self, site: str, host: str) -> list[str]:
         """The host's state, its requests in flight, and the frontier's
@@ -268,23 +297,31 @@ class HostTurns:
         return [base, f"{base}:flight", f"{self.prefix}:{{{site}}}:owners"]
 
     def take(self, site: str, host: str, token: str, *, delay: float, concurrency: int,
-             lease: float) -> tuple[float, int]:
+             lease: float, holdable: bool = True) -> tuple[float, int, bool]:
         """Take a turn at ``host`` for ``token`` if it is free now.
 
-        Returns ``(wait, expired)``: ``wait`` is 0 when the turn is granted
-        (send the request now), else the seconds before it is worth asking
-        again (never later than the earliest moment it could be granted);
-        ``expired`` counts the turns of dead processes cleared meanwhile.
+        Returns ``(wait, expired, held)``: ``wait`` is 0 when the turn is
+        granted (send the request now), else the seconds before it is worth
+        asking again (never later than the earliest moment it could be
+        granted); ``expired`` counts the turns of dead processes cleared
+        meanwhile; ``held`` is true when the wait is one the host asked for
+        (:meth:`hold`), which applies only to a ``holdable`` request.
         """
-        wait, expired = self._take(keys=self.keys(site, host),
-                                   args=[token, repr(delay), concurrency, repr(lease), repr(BUSY_POLL),
-                                         repr(STATE_MARGIN)])
-        return float(wait), int(expired)
+        wait, expired, held = self._take(keys=self.keys(site, host),
+                                         args=[token, repr(delay), concurrency, repr(lease), repr(BUSY_POLL),
+                                               repr(STATE_MARGIN), "1" if holdable else "0"])
+        return float(wait), int(expired), bool(held)
 
     def end(self, site: str, host: str, token: str) -> float:
         """End ``token``'s turn: its download is over. Returns the end as
         stamped on Redis's clock (seconds since the epoch)."""
         return float(self._end(keys=self.keys(site, host), args=[token, repr(STATE_MARGIN)]))
+
+    def hold(self, site: str, host: str, seconds: float) -> float:
+        """The host asked to be left alone for ``seconds`` from now: no
+        holdable turn is granted before then (a longer wait asked before
+        stands). Returns the end of the wait on Redis's clock."""
+        return float(self._hold(keys=self.keys(site, host), args=[repr(seconds), repr(STATE_MARGIN)]))
 
 
 @dataclass
@@ -311,6 +348,7 @@ class HostRateMiddleware:
         self.crawler = crawler
         self.stats = crawler.stats
         self.download_timeout: float = crawler.settings.getfloat("DOWNLOAD_TIMEOUT")
+        self.longest_wait: float = crawler.settings.getfloat("VERTICAL_RETRY_AFTER_MAX")
         # Only its connection, key prefix and patience: the same options as the store's.
         self.redis = frontier
         self.turns = HostTurns(frontier.client, frontier.prefix)
@@ -361,6 +399,11 @@ class HostRateMiddleware:
 
     def process_response(self, request: Request, response: Response) -> Response:
         self._end_turn(request)
+        if wait := asked_wait(request, response, self.longest_wait):
+            # Left alone by every process (middlewares.backoff puts this
+            # process's page back). Behind the turn's end on the thread, so
+            # with a delay it is in Redis before the next turn is granted.
+            self._hold_host(request, wait)
         return response
 
     def process_exception(self, request: Request, exception: Exception) -> None:
@@ -388,12 +431,20 @@ class HostRateMiddleware:
             token = self._token()
             lease = float(request.meta.get("download_timeout", self.download_timeout)) + LEASE_MARGIN
             site = self._site()
+            # Only the frontier's pages wait while the host asked to be left
+            # alone: they go back to the store; robots.txt and sitemaps are
+            # fetched as before.
+            holdable = META_RECORD in request.meta
             waited = False
             while True:
-                wait, expired = await self._retrying(
-                    host, lambda: self._ask(site, host, token, delay=delay, concurrency=concurrency, lease=lease))
+                wait, expired, held = await self._retrying(
+                    host, lambda: self._ask(site, host, token, delay=delay, concurrency=concurrency, lease=lease,
+                                            holdable=holdable))
                 if expired:
                     self.stats.inc_value("vertical/hostrate/expired", expired)
+                if held:
+                    self.stats.inc_value("vertical/hostrate/held")
+                    raise leave_alone(self.crawler, request, wait, "asked another crawl process to wait")
                 if wait <= 0:
                     break
                 waited = True
@@ -406,12 +457,12 @@ class HostRateMiddleware:
         if waited:
             self.stats.inc_value("vertical/hostrate/waited")
 
-    def _ask(self, site: str, host: str, token: str, **kwargs: Any) -> Deferred[tuple[float, int]]:
+    def _ask(self, site: str, host: str, token: str, **kwargs: Any) -> Deferred[tuple[float, int, bool]]:
         """:meth:`HostTurns.take` on the thread. If the request stops waiting
         (it is cancelled) before the answer comes, a turn granted meanwhile
         is given back at once rather than held until its lease runs out."""
         asked = self._call(self.turns.take, site, host, token, **kwargs)
-        answer: Deferred[tuple[float, int]] = Deferred()  # cancel() errbacks it
+        answer: Deferred[tuple[float, int, bool]] = Deferred()  # cancel() errbacks it
 
         def arrived(result: Any) -> None:
             if not answer.called:
@@ -433,6 +484,21 @@ class HostRateMiddleware:
         turn before anyway."""
         d = deferred_from_coro(self._end(site, turn, leave))
         d.addErrback(lambda f: logger.error("Ending a turn at %s failed", turn.host, exc_info=f.value))
+
+    def _hold_host(self, request: Request, seconds: float) -> None:
+        """:meth:`HostTurns.hold` on the thread, retried while Redis is
+        unreachable; a hold that never reaches Redis only leaves the other
+        processes to be answered 429 themselves."""
+        site = self._site()
+        host, _ = download_slot(self.crawler.engine.downloader, request)  # type: ignore[union-attr]
+
+        async def hold() -> None:
+            try:
+                await self._retrying(host, lambda: self._call(self.turns.hold, site, host, seconds))
+            except Exception as exc:
+                if not self._closed:
+                    logger.warning("Could not tell the other processes that %s asked to wait: %s", host, exc)
+        deferred_from_coro(hold())
 
     async def _end(self, site: str, turn: _Turn, leave: bool) -> None:
         try:

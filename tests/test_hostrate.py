@@ -14,11 +14,13 @@ import os
 import random
 import shutil
 import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 from scrapy import signals
 
 from middlewares.hostrate import BUSY_POLL, STATE_MARGIN, HostTurns
@@ -27,7 +29,8 @@ from tests.redis_server import RedisServer
 from tests.test_redis_crawl import AGENTS, CLOCK, finish, min_gap_per_host, page_requests_of, start_all
 from vertical import settings as project_settings
 from vertical.demo.server import serve
-from vertical.demo.site import DemoSite
+from vertical.demo.site import BulkSite, DemoResponse, DemoSite
+from vertical.frontier import open_frontier
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 
@@ -143,7 +146,7 @@ def take_until_granted(turns: HostTurns, token: str, **kwargs) -> tuple[int, int
     """Ask as a process does (sleep what it is told); return (refusals, expired)."""
     refused = expired = 0
     while True:
-        wait, cleared = turns.take("s", "h", token, **kwargs)
+        wait, cleared, _ = turns.take("s", "h", token, **kwargs)
         expired += cleared
         if wait <= 0:
             return refused, expired
@@ -154,9 +157,9 @@ def take_until_granted(turns: HostTurns, token: str, **kwargs) -> tuple[int, int
 def test_with_a_delay_a_turn_starts_a_delay_after_the_previous_download_ended(host_turns):
     turns, client = host_turns
     delay, lease = 0.2, 30.0
-    assert turns.take("s", "h", "a", delay=delay, concurrency=4, lease=lease) == (0, 0)
+    assert turns.take("s", "h", "a", delay=delay, concurrency=4, lease=lease) == (0, 0, False)
     # One at a time whatever the concurrency, and no sooner than a delay from now.
-    wait, _ = turns.take("s", "h", "b", delay=delay, concurrency=4, lease=lease)
+    wait, _, _ = turns.take("s", "h", "b", delay=delay, concurrency=4, lease=lease)
     assert wait >= delay
     ended = turns.end("s", "h", "a")
     refused, _ = take_until_granted(turns, "b", delay=delay, concurrency=4, lease=lease)
@@ -187,8 +190,8 @@ def test_a_take_asked_again_with_its_token_is_granted_again(host_turns):
     # already this token's, and must not wait for itself until its lease.
     turns, client = host_turns
     for host, delay in (("h", 0.2), ("h0", 0)):  # paced by the delay, or by the concurrency (1)
-        assert turns.take("s", host, "a", delay=delay, concurrency=1, lease=30) == (0, 0)
-        assert turns.take("s", host, "a", delay=delay, concurrency=1, lease=30) == (0, 0)
+        assert turns.take("s", host, "a", delay=delay, concurrency=1, lease=30) == (0, 0, False)
+        assert turns.take("s", host, "a", delay=delay, concurrency=1, lease=30) == (0, 0, False)
         assert client.zcard(turns.keys("s", host)[1]) == 1
         assert turns.take("s", host, "b", delay=delay, concurrency=1, lease=30)[0] > 0
 
@@ -216,6 +219,38 @@ def test_a_host_state_lives_as_long_as_it_matters(host_turns):
     assert not client.exists(flight)
     # Past the delay after the end, by the margin (in whole milliseconds).
     assert abs(expires_at(client, state) - (ended + 2.0 + STATE_MARGIN)) <= 0.002
+
+
+def test_a_host_that_asked_to_wait_grants_no_page_a_turn_before_then(host_turns):
+    # A 429 with Retry-After: the turn ends with the wait asked for. Pages of
+    # every process are refused, told so (held) and for how long; robots.txt
+    # and sitemaps (not holdable) are paced as before.
+    turns, client = host_turns
+    state, _, _ = turns.keys("s", "h")
+    assert turns.take("s", "h", "a", delay=0.1, concurrency=1, lease=30)[0] == 0
+    turns.end("s", "h", "a")
+    ended = turns.hold("s", "h", 3600)
+    wait, _, held = turns.take("s", "h", "b", delay=0.1, concurrency=1, lease=30)
+    assert held and 3599 < wait <= 3600
+    assert expires_at(client, state) >= ended + STATE_MARGIN - 0.002
+    refused, _ = take_until_granted(turns, "robots", delay=0.1, concurrency=1, lease=30, holdable=False)
+    assert refused >= 1  # the delay after the 429, and no more
+    # A shorter wait asked later does not shorten it.
+    turns.end("s", "h", "robots")
+    turns.hold("s", "h", 1)
+    assert turns.take("s", "h", "b", delay=0.1, concurrency=1, lease=30)[0] > 3590
+
+
+def test_the_wait_a_host_asked_for_ends(host_turns):
+    turns, client = host_turns
+    assert turns.take("s", "h", "a", delay=0, concurrency=1, lease=30)[0] == 0
+    turns.end("s", "h", "a")
+    ended = turns.hold("s", "h", 0.5)
+    wait, _, held = turns.take("s", "h", "b", delay=0, concurrency=1, lease=30)
+    assert held and 0 < wait <= 0.5
+    time.sleep(wait)
+    assert turns.take("s", "h", "b", delay=0, concurrency=1, lease=30) == (0, 0, False)
+    assert grant_time(client, turns, "b", 30) >= ended
 
 
 def expires_at(client, key: str) -> float:
@@ -309,6 +344,62 @@ def test_a_crawl_delay_read_by_each_process_paces_them_all(tmp_path, redis_url):
         every = demo.requests
     gaps = [b["t"] - a["t"] for a, b in zip(every, every[1:]) if b["path"] != "/robots.txt"]
     assert len(gaps) > 10 and min(gaps) >= crawl_delay - CLOCK, gaps
+
+
+class AskingToWait(BulkSite):
+    """A bulk site whose first host answers its pages with 429 and
+    ``Retry-After: 3600`` once it has served ``served`` of them."""
+
+    def __init__(self, served: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.served, self.lock = served, threading.Lock()
+
+    def render(self, path: str, host: str = "127.0.0.1:8000", headers=None, step=None) -> DemoResponse:
+        if host.startswith("127.0.0.1:") and path.startswith("/page/"):
+            with self.lock:
+                self.served -= 1
+                if self.served < 0:
+                    return DemoResponse(429, {"Content-Type": "text/plain", "Retry-After": "3600"}, b"")
+        return super().render(path, host, headers, step)
+
+
+def test_a_host_that_asks_one_process_to_wait_is_left_alone_by_all(tmp_path, redis_url):
+    """Three processes share two hosts; the first answers 429 with
+    Retry-After an hour from its sixth page on. Once it has, not one more
+    page request reaches it, from any process (each used to send its own
+    until it had its own 429), and the other host is crawled to its end.
+    The pages the host refused wait in the store, neither fetched nor
+    failed, due when the hour is over."""
+    site_pages = 80
+    with serve(AskingToWait(served=5, pages=site_pages, hosts=2, links=4), hosts=2) as server:
+        site = tmp_path / "bulk.yaml"
+        site.write_text(yaml.safe_dump({
+            "name": "bulk", "start_urls": [u + "/" for u in server.urls],
+            "allowed_domains": ["127.0.0.1", "127.0.0.2"], "documents": [],
+            "politeness": {"delay": 0.1, "concurrency": 1}}))
+        before = time.time()
+        results = finish(start_all(site, redis_url, tmp_path, settings={"VERTICAL_CLAIM_BATCH": 4}), tmp_path)
+        every = page_requests_of(server.requests)
+    first = [r for r in every if r["host"] == "127.0.0.1"]
+    asked = next(i for i, r in enumerate(first) if r["status"] == 429)
+    assert first[asked + 1:] == [], [(r["path"], r["user_agent"]) for r in first[asked:]]
+    assert sum(r.stat("vertical/host/retry_after") for r in results.values()) == 1
+    assert sum(r.stat("vertical/pages/failed") for r in results.values()) == 0
+    # The others found the host held, each with a page it put back.
+    assert sum(r.stat("vertical/hostrate/held") > 0 for r in results.values()) == 2, \
+        {a: r.stats for a, r in results.items()}
+    frontier = open_frontier(redis_url)
+    try:
+        known = list(frontier.iter_records("bulk"))
+    finally:
+        frontier.close()
+    # Every page of the other host found was fetched. Of the first's, those
+    # put back wait in the store for the hour; none failed, none is claimed.
+    assert all(r.visits == 1 for r in known if r.host == "127.0.0.2")
+    waiting = [r for r in known if r.host == "127.0.0.1" and r.visits == 0]
+    assert all(r.state == "new" and not r.claim_owner and r.next_fetch <= time.time() + 3600 for r in waiting)
+    put_back = [r for r in waiting if r.next_fetch >= before + 3600 - 5]
+    assert len(put_back) >= 1 + sum(r.stat("vertical/hostrate/held") for r in results.values())
 
 
 def test_the_reactor_runs_while_a_turn_waits_for_a_stopped_redis(tmp_path):
