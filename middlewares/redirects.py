@@ -16,7 +16,15 @@ page whose one link is its target:
   becomes its own URL record, or is matched to the record it already has,
   and its document is extracted once, under the URL that served it
   (``vertical/redirect/followed``);
-- a target outside them is not fetched (``vertical/redirect/offsite``).
+- a target outside them is not fetched (``vertical/redirect/offsite``), nor
+  is a ``Location`` that is no URL (``http://[bad/``, a port over 65535): the
+  page is a redirect to nowhere.
+
+A meta refresh to no URL, or to a scheme other than http(s) (``javascript:``),
+is no refresh, as for Scrapy's ``MetaRefreshMiddleware`` and browsers: the
+page is read as any other. So is a ``<base href>`` that is no URL: the page's
+links resolve against its own URL (``vertical/pages/bad_base``), where the
+page's selector, its links and its meta refresh would all have failed on it.
 
 A redirect to the same canonical URL (a cookie set and the page asked
 again, a session id stripped away) is left to Scrapy's middlewares, which
@@ -38,11 +46,11 @@ from typing import TYPE_CHECKING
 from urllib.parse import urljoin
 
 from scrapy.exceptions import IgnoreRequest
-from scrapy.http import HtmlResponse
-from scrapy.utils.response import get_meta_refresh
+from scrapy.http import HtmlResponse, TextResponse
 from w3lib.url import safe_url_string
 
 from vertical.commit import FrontierCommit, PageOutcome
+from vertical.compat import meta_refresh, settle_base_url
 from vertical.config import host_allowed
 from vertical.scheduler import META_RECORD
 from vertical.urls import canonicalize, host_of
@@ -78,7 +86,12 @@ class FrontierRedirectMiddleware:
         location = response.headers.get("Location")
         if not location:
             return response
-        self._redirect(request, response, urljoin(request.url, safe_url_string(location.decode("latin-1"))))
+        target = location.decode("latin-1")
+        try:
+            target = urljoin(request.url, safe_url_string(target))
+        except ValueError:
+            pass  # no URL: a redirect to nowhere (_redirect cannot canonicalize it)
+        self._redirect(request, response, target)
         return response  # not reached for a redirect elsewhere
 
     def _redirect(self, request: Request, response: Response, target: str) -> None:
@@ -124,6 +137,8 @@ class FrontierMetaRefreshMiddleware(FrontierRedirectMiddleware):
         self.max_delay = settings.getint("METAREFRESH_MAXDELAY")
 
     def process_response(self, request: Request, response: Response) -> Response:
+        if isinstance(response, TextResponse) and settle_base_url(response):
+            self.stats.inc_value("vertical/pages/bad_base")
         if (
             not self.enabled
             or META_RECORD not in request.meta
@@ -133,7 +148,7 @@ class FrontierMetaRefreshMiddleware(FrontierRedirectMiddleware):
             or not 200 <= response.status < 300
         ):
             return response
-        interval, url = get_meta_refresh(response, ignore_tags=self.ignore_tags)
+        interval, url = meta_refresh(response, self.ignore_tags)
         if url and interval is not None and interval < self.max_delay:
             self._redirect(request, response, url)
         return response

@@ -82,3 +82,58 @@ def test_redirects_are_followed_within_the_site_only(tmp_path):
     assert records["/doc/10"].docs and records["/doc/20"].docs
     assert not records["/doc/1"].docs
     assert "127.0.0.2" not in {r.host for r in records.values()}
+
+
+class WrongAboutItself:
+    """Pages whose ``<base href>``, meta refresh or ``Location`` is no URL
+    (a browser ignores the first two), each a document linking a child."""
+
+    step = 0
+    BAD = ("http://[bad/", "http://127.0.0.1:99999/x")
+
+    def render(self, path, host="", headers=None, step=None):
+        if path == "/robots.txt":
+            return DemoResponse(200, {"Content-Type": "text/plain"}, b"User-agent: *\nDisallow:\n")
+        heads = {f"base{i}": f'<base href="{bad}">' for i, bad in enumerate(self.BAD)}
+        heads |= {f"refresh{i}": f'<meta http-equiv="refresh" content="0; url={bad}">'
+                  for i, bad in enumerate(self.BAD + ("javascript:void(0)",))}
+        locations = {f"/doc/location{i}": bad for i, bad in enumerate(self.BAD)}
+        name = path.rsplit("/", 1)[1]
+        if path == "/":
+            links = [*(f"/doc/{n}" for n in heads), *locations]
+            return self._html("", "".join(f'<a href="{link}">{link}</a>' for link in links))
+        if path in locations:
+            return DemoResponse(302, {"Location": locations[path], **HTML}, b"")
+        if name in heads:
+            return self._html(heads[name], f'<h1>{name}</h1><a href="{name}-child">child</a>')
+        if name.endswith("-child"):
+            return self._html("", f"<h1>{name}</h1>")
+        return DemoResponse(404, HTML, b"<h1>Not found</h1>")
+
+    @staticmethod
+    def _html(head: str, body: str) -> DemoResponse:
+        return DemoResponse(200, HTML, f"<html><head>{head}</head><body>{body}</body></html>".encode())
+
+
+def test_a_page_wrong_about_its_own_url_keeps_its_document_and_links(tmp_path):
+    """One bad tag or header used to lose a page's document and every link
+    on it, on every run: w3lib raises on a URL it cannot parse, and the
+    page's selector, its link extraction and the meta-refresh middlewares
+    all read the <base href> and the refresh. Now a <base href> or a meta
+    refresh that is no URL (or a javascript: refresh) is ignored, as a
+    browser ignores it; a Location that is no URL is a redirect to nowhere."""
+    site = WrongAboutItself()
+    with serve(site) as server:
+        config = tmp_path / "w.yaml"
+        config.write_text(yaml.safe_dump({
+            "name": "w", "start_urls": [f"{server.url}/"], "allowed_domains": ["127.0.0.1"],
+            "documents": [{"name": "doc", "match": r"/doc/", "fields": {"title": "//h1/text()"}}]}))
+        result = crawl(config, tmp_path / "f.sqlite3", tmp_path, settings=FAST)
+        paths = sorted(e["path"] for e in server.requests)
+    pages = ["base0", "base1", "refresh0", "refresh1", "refresh2"]
+    assert sorted(i["fields"]["title"] for i in result.items) == sorted(pages + [f"{p}-child" for p in pages])
+    assert paths == sorted(["/", "/robots.txt", "/doc/location0", "/doc/location1",
+                            *(f"/doc/{p}" for p in pages), *(f"/doc/{p}-child" for p in pages)])
+    assert result.stat("vertical/pages/failed") == 0 and result.stat("vertical/spider_error") == 0
+    assert result.stat("vertical/pages/bad_base") == 2
+    assert result.stat("vertical/redirect/offsite") == 2

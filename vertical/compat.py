@@ -30,11 +30,13 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.core.downloader import Downloader, Slot
     from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
+    from scrapy.http import TextResponse
     from scrapy.linkextractors import LinkExtractor
     from scrapy.robotstxt import RobotParser
     from twisted.internet.defer import Deferred
@@ -52,9 +54,11 @@ __all__ = [
     "feed_slots",
     "installed_resolver",
     "link_filters",
+    "meta_refresh",
     "overrides",
     "robots_parsers",
     "robots_useragent",
+    "settle_base_url",
     "set_slot_delay",
     "slot_active",
     "slot_concurrency",
@@ -93,6 +97,7 @@ _FEED_SLOT = "scrapy.extensions.feedexport.FeedSlot"
 _REACTOR = "twisted.internet.base.PluggableResolverMixin"
 _ENGINE = "scrapy.core.engine.ExecutionEngine"
 _ENGINE_SLOT = "scrapy.core.engine._Slot"
+_RESPONSE = "scrapy.utils.response"
 
 #: Everything private that vertical touches (the README lists the same).
 INTERNALS: tuple[Internal, ...] = (
@@ -141,6 +146,10 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(_ENGINE_SLOT, "nextcall", "asked to run: the engine asks the scheduler again at once",
              ("vertical.scheduler",), instance=True),
     Internal(_REACTOR, "resolver", "the installed resolver: is it vertical's DNS cache", ("middlewares.dns",)),
+    Internal(_RESPONSE, "_baseurl_cache", "written: a page whose <base href> is no URL is read at its own URL",
+             ("middlewares.redirects",)),
+    Internal(_RESPONSE, "_metaref_cache", "written: a meta refresh to no URL is no refresh",
+             ("middlewares.redirects",)),
 )
 
 _BY_NAME = {(i.owner.rsplit(".", 1)[1], i.name): i for i in INTERNALS}
@@ -290,6 +299,48 @@ def link_filters(extractor: LinkExtractor) -> tuple[list[Any], list[Any], set[st
     denied extensions (with their dots), as it applies them."""
     return (_get(extractor, "LxmlLinkExtractor", "allow_res"), _get(extractor, "LxmlLinkExtractor", "deny_res"),
             _get(extractor, "LxmlLinkExtractor", "deny_extensions"))
+
+
+# -- what a page says of its own URL ------------------------------------------------------
+#
+# Scrapy reads a page's <base href> and <meta http-equiv="refresh"> once and
+# caches them per response (get_base_url, get_meta_refresh): the selector,
+# the link extractor and the meta-refresh middleware all ask there. w3lib
+# raises ValueError for a value that is no URL (http://[bad/, a port over
+# 65535), so one such tag made every reader of the page fail. Caching the
+# browser's reading instead lets each of them go on.
+
+
+def settle_base_url(response: TextResponse) -> bool:
+    """Whether the page's ``<base href>`` is no URL; if so, the page's base
+    is made its own URL for every later reader (as a browser ignores it)."""
+    from scrapy.utils import response as utils
+    from scrapy.utils.response import get_base_url
+
+    try:
+        get_base_url(response)
+    except ValueError:
+        _get(utils, "response", "_baseurl_cache")[response] = response.url
+        return True
+    return False
+
+
+def meta_refresh(response: TextResponse, ignore_tags: list[str]) -> tuple[float, str] | tuple[None, None]:
+    """Scrapy's ``get_meta_refresh``, with a refresh to no URL, or to another
+    scheme than http(s) (``javascript:``, which a browser does not follow
+    either), read as no refresh: cached as such, for Scrapy's own
+    middleware, whose ``Request`` would raise on it."""
+    from scrapy.utils import response as utils
+    from scrapy.utils.response import get_meta_refresh
+
+    try:
+        interval, url = get_meta_refresh(response, ignore_tags=ignore_tags)
+    except ValueError:
+        interval, url = None, ""
+    if url is None or urlsplit(url).scheme in ("http", "https"):
+        return interval, url  # type: ignore[return-value]
+    _get(utils, "response", "_metaref_cache")[response] = (None, None)
+    return None, None
 
 
 # -- DNS --------------------------------------------------------------------------------
