@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from scrapy import Request, Spider, signals
 from scrapy.exceptions import NotConfigured
@@ -32,13 +33,14 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
+from w3lib.url import safe_url_string
 
 from middlewares.dns import prefetch
 from vertical import scrapy_settings
 from vertical.changes import diff_page
 from vertical.commit import FrontierCommit, PageOutcome
 from vertical.config import ConfigError, load_site
-from vertical.extract import Record, extract_records, follow_urls, match_rule
+from vertical.extract import FieldError, Record, as_page, extract_records, follow_urls, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
@@ -157,6 +159,7 @@ class VerticalSpider(Spider):
         self.lane, self.mode, self.pages, self.seconds = check_arguments(lane, mode, pages, seconds)
         self.site: SiteConfig
         self._referer: RefererMiddleware | None = None
+        self._field_errors: set[tuple[str, str]] = set()  # (document, field) that failed on a page, logged once
         self._sitemaps: dict[str, float] = {}  # sitemap URL -> when last asked for or read (the crawl clock)
         self._sitemap_roots: set[str] = set()  # named by the config, robots.txt or an entry page
         self._sitemap_loop: task.LoopingCall | None = None
@@ -399,6 +402,7 @@ class VerticalSpider(Spider):
             # Not text: the trap guard middleware normally drops these first.
             yield from self._finish(record, PageOutcome(response, checksum=0))
             return
+        response = as_page(response)
 
         rule = match_rule(self.site, response.url) or match_rule(self.site, record.url)
         original = response.meta.get(META_DUPLICATE)
@@ -423,7 +427,18 @@ class VerticalSpider(Spider):
             yield from self._finish(record, PageOutcome(response, checksum=checksum, links=links))
             return
 
-        result = extract_records(rule, response, record.url)
+        try:
+            result = extract_records(rule, response, record.url)
+        except FieldError as exc:
+            # The config's to mend, named once; the page keeps its documents
+            # as they were and is tried again after the failure backoff.
+            self.crawler.stats.inc_value("vertical/extract/field_error")
+            level = logging.DEBUG if (exc.document, exc.field) in self._field_errors else logging.WARNING
+            self._field_errors.add((exc.document, exc.field))
+            logger.log(level, "%s: %s on %s; the page is not extracted (the next pages with this field's "
+                       "error are logged at DEBUG)", self.site.file, exc, response.url)
+            self.commit.page_failed(record, Failure(exc), "field_error")
+            return
         if result.skipped:
             self.crawler.stats.inc_value("vertical/extract/skipped", len(result.skipped))
         if rule.fetch is not None and (stage := self._second_stage(record, rule, response, result.records, links)):
@@ -492,8 +507,8 @@ class VerticalSpider(Spider):
         urls: dict[str, str] = {}
         for rec in records:
             value = rec.fields.get(stage.field)
-            if isinstance(value, str) and value:
-                urls.setdefault(rec.key, response.urljoin(value))
+            if isinstance(value, str) and value and (url := _resource_url(response, value)):
+                urls.setdefault(rec.key, url)
         if not urls:
             return []
         page = CompositePage(record, rule, response, records, links, waiting=len(set(urls.values())))
@@ -556,3 +571,17 @@ class VerticalSpider(Spider):
         items = items or []
         self.commit.page_fetched(record, outcome, items)
         yield from items
+
+
+def _resource_url(response: TextResponse, value: str) -> str | None:
+    """The URL of a composite document's second resource named by ``value``,
+    None when it names none a request can fetch (``javascript:``, ``mailto:``,
+    no URL at all): the record is then emitted as it is, without the
+    resource's checksum."""
+    try:
+        url = safe_url_string(response.urljoin(value))
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises ValueError when out of range
+    except ValueError:
+        return None
+    return url if parts.scheme in ("http", "https") and parts.hostname else None

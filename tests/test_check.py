@@ -122,3 +122,29 @@ def test_links_past_the_pages_cap_are_shown_dropped():
     links = check_page(site, response, response.url)["links"]
     assert [(link["url"].rsplit("/", 1)[1], link["reason"]) for link in links] == [
         ("0", None), ("1", None), ("2", None), ("3", "trap/max_links_per_page"), ("4", "trap/max_links_per_page")]
+
+
+def test_a_page_that_cannot_be_fetched_is_one_line():
+    # A port nothing listens on (refused), and a redirect to no URL.
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    refused = check("demo", f"http://127.0.0.1:{port}/")
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith(f"vertical-check: could not fetch http://127.0.0.1:{port}/: ")
+    assert "Traceback" not in refused.stderr
+
+
+def test_a_field_that_fails_on_the_page_is_named():
+    from scrapy.http import HtmlResponse
+
+    from vertical.check import check_page
+    from vertical.config import parse_site
+
+    site = parse_site({"name": "x", "start_urls": ["http://127.0.0.1/"], "documents": [
+        {"name": "doc", "match": ".", "fields": {"code": {"xpath": "//h1/text()", "regex": "^(a|aa)+$"}}}]})
+    response = HtmlResponse("http://127.0.0.1/", body=b"<h1>" + b"a" * 60 + b"b</h1>", encoding="utf-8")
+    report = check_page(site, response, response.url)
+    assert report["records"] == [] and "document 'doc', field 'code': its regex ran past" in report["note"]

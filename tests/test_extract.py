@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 from parsel import Selector
-from scrapy.http import HtmlResponse, Request
+from scrapy.http import HtmlResponse, Request, TextResponse
 
-from vertical.config import host_allowed, load_site, parse_site
+from vertical.config import ConfigError, host_allowed, load_site, parse_site
 from vertical.extract import (
+    AMPLIFICATION,
     DENIED,
     DUPLICATE_KEY,
     IGNORED_EXTENSION,
@@ -19,9 +20,12 @@ from vertical.extract import (
     OFFSITE,
     OUTSIDE_RESTRICT,
     TOO_DEEP,
+    TOO_LARGE,
+    FieldError,
     LinkDecision,
     Record,
     Skipped,
+    as_page,
     explain_links,
     extract_links,
     extract_records,
@@ -361,3 +365,70 @@ def test_follow_urls_in_xhtml():
 )
 def test_host_allowed(host, allowed):
     assert host_allowed(host, ["example.com"]) is allowed
+
+
+# --- what a page or a config does at run time ------------------------------------
+
+
+def test_a_comment_is_its_text():
+    # lxml's string() refuses one: the page used to fail on every run.
+    assert one_field({"xpath": "//comment()"}, "<html><body><!-- made by hand --></body></html>") == "made by hand"
+
+
+@pytest.mark.parametrize("spec", [
+    {"xpath": "//h1[foo()]"},  # an unknown function, called only where there is an h1
+    {"xpath": "//h1/namespace::*"},  # namespace nodes, which parsel cannot wrap
+    {"xpath": "//h1/text()", "regex": r"(a|aa)+$"},  # backtracks for ever on this page
+], ids=["unknown function", "namespace nodes", "catastrophic regex"])
+def test_a_field_that_cannot_be_evaluated_on_a_page_is_named(spec):
+    html = "<html><body><h1>" + "a" * 60 + "b</h1></body></html>"
+    site = parse_site({"start_urls": ["http://a.example/"],
+                       "documents": [{"name": "doc", "match": ".", "fields": {"title": "//h1", "f": spec}}]})
+    with pytest.raises(FieldError) as info:
+        extract_records(site.documents[0], HtmlResponse("http://a.example/x", body=html.encode()), "http://a.example/x")
+    assert (info.value.document, info.value.field) == ("doc", "f")
+    assert str(info.value).startswith("document 'doc', field 'f': ")
+
+
+def test_a_record_may_not_amplify_the_page():
+    """Every <div> holds the text of the divs inside it: 'many' over them
+    repeats the page's text once per level (a 221 KB page made a 200 MB
+    record). The record is skipped once its values pass AMPLIFICATION times
+    the page, without reading the rest; one value of the same field is fine."""
+    levels, text = 200, "x" * 1000
+    html = "<html><body>" + "<div>" * levels + text + "</div>" * levels + "</body></html>"
+    site = parse_site({"start_urls": ["http://a.example/"], "documents": [
+        {"name": "all", "match": "/all", "fields": {"divs": {"xpath": "//div", "many": True}}},
+        {"name": "one", "match": "/one", "fields": {"div": "//div"}}]})
+    response = HtmlResponse("http://a.example/all", body=html.encode())
+    result = extract_records(site.documents[0], response, response.url)
+    assert result.records == [] and [s.reason for s in result.skipped] == [TOO_LARGE]
+    assert AMPLIFICATION * len(html) < levels * len(text)
+    (record,) = extract_records(site.documents[1], response, response.url).records
+    assert record.fields["div"] == text
+
+
+def test_regions_are_elements():
+    """restrict_xpaths and restrict_css select the regions whose links are
+    followed. Scrapy's extractor failed on every page where one selected
+    text; what is not an element is now no region. One that can only give
+    a number or a string, or a CSS pseudo-element, is a config error."""
+    site = parse_site({"start_urls": ["http://a.example/"], "follow": {"restrict_xpaths": ["//nav | //nav/text()"]}})
+    response = HtmlResponse("http://a.example/", body=b'<nav>go <a href="/in">in</a></nav><a href="/out">out</a>')
+    assert follow_urls(site, response) == ["http://a.example/in"]
+    assert [d.reason for d in explain_links(site, response)] == [None, OUTSIDE_RESTRICT]
+    for follow, key in (({"restrict_xpaths": ["count(//a)"]}, "follow.restrict_xpaths[0]"),
+                        ({"restrict_css": ["nav::text"]}, "follow.restrict_css[0]")):
+        with pytest.raises(ConfigError) as info:
+            parse_site({"start_urls": ["http://a.example/"], "follow": follow})
+        assert info.value.key == key and "must select elements" in info.value.problem
+
+
+def test_a_text_response_is_read_as_html():
+    # parsel takes a plain-text body that parses as JSON for JSON data, which has no XPath.
+    site = parse_site({"start_urls": ["http://a.example/"], "documents": [
+        {"match": ".", "fields": {"price": {"regex": r"EUR (\d+\.\d+)"}, "all": "//text()"}}]})
+    response = as_page(TextResponse("http://a.example/p", body=b'{"price": "EUR 12.50"}', encoding="utf-8"))
+    (record,) = extract_records(site.documents[0], response, response.url).records
+    assert record.fields == {"price": "12.50", "all": '{"price": "EUR 12.50"}'}
+    assert follow_urls(site, response) == []

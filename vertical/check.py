@@ -12,6 +12,7 @@ read as coming from a given URL.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -23,12 +24,17 @@ from scrapy.responsetypes import responsetypes
 
 from spiders.vertical import GONE_STATUSES
 from vertical.changes import record_checksum
+from vertical.compat import settle_base_url
 from vertical.config import SiteConfig
-from vertical.extract import explain_links, extract_records, match_rule
+from vertical.extract import FieldError, as_page, explain_links, extract_records, match_rule
 from vertical.traps import check_url
 from vertical.urls import canonicalize
 
-__all__ = ["check_page", "fetch", "load_page", "read_file", "render"]
+__all__ = ["FetchError", "check_page", "fetch", "load_page", "read_file", "render"]
+
+class FetchError(Exception):
+    """The page to check could not be fetched (no answer)."""
+
 
 #: Why a link the config follows is still not fetched (beyond :func:`explain_links`'s reasons).
 INVALID_URL = "invalid-url"
@@ -57,10 +63,16 @@ def check_page(site: SiteConfig, response: Response, url: str, level: int = 0) -
     if not isinstance(response, TextResponse):
         out["note"] = "not a text response: nothing is extracted"
         return out
+    response = as_page(response)
+    settle_base_url(response)
     rule = match_rule(site, response.url) or match_rule(site, url)
     if rule is not None:
         out["rule"] = rule.name
-        result = extract_records(rule, response, url)
+        try:
+            result = extract_records(rule, response, url)
+        except FieldError as exc:
+            out["note"] = f"{site.file}: {exc}: a crawl fails the page and extracts nothing"
+            return out
         out["records"] = [{"document": r.document, "key": r.key, "checksum": record_checksum(r.document, r.fields),
                            "fields": r.fields} for r in result.records]
         out["skipped"] = [{"reason": s.reason, "key": s.key, "detail": s.detail} for s in result.skipped]
@@ -93,6 +105,10 @@ def fetch(url: str, user_agent: str, timeout: float) -> Response:
             status, final, headers, body = answer.status, answer.geturl(), answer.headers, answer.read()
     except urllib.error.HTTPError as exc:
         status, final, headers, body = exc.code, exc.geturl(), exc.headers, exc.read()
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        # Refused, timed out, no such host, a redirect to no URL...
+        reason = getattr(exc, "reason", None) or exc
+        raise FetchError(f"could not fetch {url}: {reason}") from None
     scrapy_headers = Headers({k: headers.get_all(k) for k in headers.keys()})
     cls = responsetypes.from_args(headers=scrapy_headers, url=final, body=body)
     return cls(url=final, status=status, headers=scrapy_headers, body=body)

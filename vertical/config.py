@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+import regex
 import yaml
 from lxml import etree, html
 from parsel.csstranslator import HTMLTranslator
@@ -84,13 +85,15 @@ class FieldSpec:
     the whole match) of each value, or, alone, searches the HTML source.
     ``many`` keeps every value as a list, ``join`` joins every value into one
     string, otherwise the field is the first value or None. ``strip``
-    collapses whitespace and drops values that end up empty.
+    collapses whitespace and drops values that end up empty. The regex is
+    the ``regex`` package's (the syntax of ``re``), which can stop a search
+    that backtracks for ever (:data:`vertical.extract.REGEX_TIMEOUT`).
     """
 
     name: str
     xpath: str | None = None
     css: str | None = None
-    regex: re.Pattern[str] | None = None
+    regex: regex.Pattern[str] | None = None
     many: bool = False
     join: str | None = None
     strip: bool = True
@@ -502,6 +505,13 @@ class _SiteParser:
         except re.error as exc:
             self.fail(path, f"invalid regex {source!r}: {exc}")
 
+    def field_regex(self, value: Any, path: str) -> regex.Pattern[str]:
+        source = self.string(value, path)
+        try:
+            return regex.compile(source)
+        except regex.error as exc:
+            self.fail(path, f"invalid regex {source!r}: {exc}")
+
     def xpath(self, value: Any, path: str) -> str:
         source = self.string(value, path)
         try:
@@ -517,6 +527,25 @@ class _SiteParser:
             _CSS.css_to_xpath(source)
         except Exception as exc:  # cssselect's SelectorError and ExpressionError share no useful base
             self.fail(path, f"invalid CSS selector {source!r}: {exc}")
+        return source
+
+    # follow.restrict_xpaths and restrict_css select regions of the page,
+    # whose links are followed: elements (Scrapy's link extractor fails on
+    # anything else, on every page). Text or attributes a region expression
+    # selects on a page are left out there (vertical.extract.region_xpaths).
+
+    def region_xpath(self, value: Any, path: str) -> str:
+        source = self.xpath(value, path)
+        try:
+            etree.XPath(f"({source})[self::*]", namespaces=_XPATH_NAMESPACES)(_EMPTY_DOCUMENT)
+        except etree.XPathError:
+            self.fail(path, f"{source!r} gives a number, string or boolean; it must select elements (page regions)")
+        return source
+
+    def region_css(self, value: Any, path: str) -> str:
+        source = self.css(value, path)
+        if "::" in source:
+            self.fail(path, f"{source!r} selects text or attributes (::); it must select elements (page regions)")
         return source
 
     def section(self, data: dict[str, Any], key: str, known: Iterable[str] | None) -> dict[str, Any]:
@@ -609,8 +638,9 @@ class _SiteParser:
         return FollowRules(
             allow=self.checked_strings(section.get("allow"), "follow.allow", self.regex),
             deny=self.checked_strings(section.get("deny"), "follow.deny", self.regex),
-            restrict_xpaths=self.checked_strings(section.get("restrict_xpaths"), "follow.restrict_xpaths", self.xpath),
-            restrict_css=self.checked_strings(section.get("restrict_css"), "follow.restrict_css", self.css),
+            restrict_xpaths=self.checked_strings(section.get("restrict_xpaths"), "follow.restrict_xpaths",
+                                                 self.region_xpath),
+            restrict_css=self.checked_strings(section.get("restrict_css"), "follow.restrict_css", self.region_css),
             max_depth=self.read(section, "follow", "max_depth", self.integer, None),
         )
 
@@ -680,10 +710,10 @@ class _SiteParser:
         spec = self.mapping(value, path, _FIELD_KEYS)
         xpath = self.read(spec, path, "xpath", lambda v, p: self.xpath(v, xpath_path), None)
         css = self.read(spec, path, "css", self.css, None)
-        regex = self.read(spec, path, "regex", self.regex, None)
+        pattern = self.read(spec, path, "regex", self.field_regex, None)
         if xpath is not None and css is not None:
             self.fail(path, "give either 'xpath' or 'css', not both")
-        if xpath is None and css is None and regex is None:
+        if xpath is None and css is None and pattern is None:
             self.fail(path, "needs 'xpath', 'css' or 'regex'")
         if relative and xpath is not None and _ABSOLUTE_XPATH_RE.search(xpath):
             self.fail(xpath_path, f"{xpath!r} is absolute; with 'each', field paths are relative (start with ./ or .//)")
@@ -691,7 +721,7 @@ class _SiteParser:
             name=name,
             xpath=xpath,
             css=css,
-            regex=regex,
+            regex=pattern,
             many=self.read(spec, path, "many", self.boolean, False),
             join=self.read(spec, path, "join", lambda v, p: self.string(v, p, empty=True), None),
             strip=self.read(spec, path, "strip", self.boolean, True),

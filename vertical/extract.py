@@ -6,7 +6,10 @@ on:
 
 * :func:`match_rule` picks the page's document rule (first match wins);
 * :func:`extract_records` gives the page's records in page order, at most
-  one per key, and says which candidates it skipped and why;
+  one per key, and says which candidates it skipped and why; it raises
+  :class:`FieldError` when a field cannot be evaluated on the page (the page
+  cannot be extracted as configured);
+* :func:`as_page` is the response as extraction reads it;
 * :func:`extract_links` gives the links to follow; :func:`follow_urls` their
   canonical URLs only, the cheap form every fetched page runs;
   :func:`explain_links` gives every link with the reason it is dropped, and
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -25,7 +28,8 @@ from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
 from parsel import Selector
-from scrapy.http import TextResponse
+from parsel.csstranslator import HTMLTranslator
+from scrapy.http import HtmlResponse, TextResponse, XmlResponse
 from scrapy.linkextractors import LinkExtractor
 from scrapy.utils.response import get_base_url
 from scrapy.utils.url import url_has_any_extension
@@ -37,6 +41,7 @@ from vertical.config import DocumentRule, FieldSpec, FollowRules, SiteConfig, ho
 from vertical.urls import canonicalize
 
 __all__ = [
+    "AMPLIFICATION",
     "DENIED",
     "DUPLICATE_KEY",
     "IGNORED_EXTENSION",
@@ -45,23 +50,39 @@ __all__ = [
     "NOT_ALLOWED",
     "OFFSITE",
     "OUTSIDE_RESTRICT",
+    "REGEX_TIMEOUT",
     "TOO_DEEP",
+    "TOO_LARGE",
     "ExtractionResult",
+    "FieldError",
     "LinkDecision",
     "Record",
     "Skipped",
+    "as_page",
     "explain_links",
     "extract_field",
     "extract_links",
     "extract_records",
     "follow_urls",
     "match_rule",
+    "region_xpaths",
 ]
 
 # Why a candidate record was skipped.
 MISSING_KEY = "missing-key"
 MISSING_REQUIRED = "missing-required"
 DUPLICATE_KEY = "duplicate-key"
+TOO_LARGE = "too-large"
+
+#: Seconds one field's regex may search one text. A regex that backtracks
+#: catastrophically on what it meets (``(a|aa)+$`` on a long run of a's)
+#: would otherwise hold the reactor, and the crawl, for ever.
+REGEX_TIMEOUT = 1.0
+#: A record's values may add up to this many times the page's characters.
+#: Values are text of the page, so more means one text counted again and
+#: again: ``many`` over nested elements, each holding the text of all inside
+#: it, made a 200 MB record of a 221 KB page.
+AMPLIFICATION = 4
 
 # Why a link is not followed.
 OUTSIDE_RESTRICT = "outside-restrict"
@@ -86,12 +107,26 @@ class Record:
 @dataclass(frozen=True, slots=True)
 class Skipped:
     """A candidate record that is not a document: ``reason`` is one of
-    :data:`MISSING_KEY`, :data:`MISSING_REQUIRED`, :data:`DUPLICATE_KEY`;
+    :data:`MISSING_KEY`, :data:`MISSING_REQUIRED`, :data:`DUPLICATE_KEY`,
+    :data:`TOO_LARGE`;
     ``key`` is its key when it has one; ``detail`` is for people."""
 
     reason: str
     key: str | None
     detail: str
+
+
+class FieldError(Exception):
+    """A field that cannot be evaluated on a page: an XPath that fails on
+    what it meets there, a regex that runs past :data:`REGEX_TIMEOUT`."""
+
+    def __init__(self, document: str, field: str, problem: str) -> None:
+        super().__init__(f"document {document!r}, field {field!r}: {problem}")
+        self.document, self.field, self.problem = document, field, problem
+
+
+class _TooLarge(Exception):
+    """A record's values went over their share of the page (:data:`AMPLIFICATION`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +153,16 @@ class LinkDecision:
     nofollow: bool = False
 
 
+def as_page(response: TextResponse) -> TextResponse:
+    """The response as extraction reads it: HTML unless it is XML. Plain
+    text or JSON served at a document URL is read as HTML, as Scrapy's docs
+    advise for a wrong content type (parsel would take a JSON body for JSON
+    data, which has no XPath, and a plain-text body that parses as JSON too)."""
+    if isinstance(response, (HtmlResponse, XmlResponse)):
+        return response
+    return response.replace(cls=HtmlResponse)
+
+
 def match_rule(site: SiteConfig, url: str) -> DocumentRule | None:
     """The first document rule whose ``match`` regex is found in *url*, or None."""
     for rule in site.documents:
@@ -135,15 +180,22 @@ def extract_records(rule: DocumentRule, page: TextResponse | Selector, url: str)
     Without ``rule.each`` the page is one record keyed by *url*; with it,
     every node ``each`` selects is a candidate keyed by its ``key`` field,
     and only the first candidate of each key is kept. Candidates without a
-    key or missing a ``required`` field (None, "" or []) are skipped.
+    key or missing a ``required`` field (None, "" or []), and those whose
+    values add up to more than :data:`AMPLIFICATION` times the page's
+    characters, are skipped. Raises :class:`FieldError`.
     """
     if isinstance(page, TextResponse):
         root, source = page.selector, page.text
     else:
         root, source = page, None
+    size = len(source) if source is not None else len(page.get())
+    room = AMPLIFICATION * size + 1024
 
     if rule.each is None:
-        fields = _fields(rule, root, lambda: source if source is not None else root.get())
+        try:
+            fields, _ = _fields(rule, root, lambda: source if source is not None else root.get(), room)
+        except _TooLarge as exc:
+            return ExtractionResult([], [Skipped(TOO_LARGE, url, str(exc))])
         missing = _missing(rule, fields)
         if missing:
             return ExtractionResult([], [Skipped(MISSING_REQUIRED, url, f"missing required {', '.join(missing)}")])
@@ -152,8 +204,14 @@ def extract_records(rule: DocumentRule, page: TextResponse | Selector, url: str)
     records: list[Record] = []
     skipped: list[Skipped] = []
     seen: set[str] = set()
-    for index, node in enumerate(root.xpath(rule.each)):
-        fields = _fields(rule, node, node.get)
+    for index, node in enumerate(_select(rule.name, "each", root, rule.each)):
+        try:
+            fields, used = _fields(rule, node, node.get, room)
+        except _TooLarge as exc:
+            skipped.append(Skipped(TOO_LARGE, None, f"node {index + 1} of {rule.each!r}: {exc}"))
+            room = -1  # the page's share is spent: the nodes after it are skipped too
+            continue
+        room -= used
         key = fields[rule.key]
         if key is None or key == "":
             skipped.append(Skipped(MISSING_KEY, None, f"node {index + 1} of {rule.each!r} has no {rule.key!r}"))
@@ -170,64 +228,100 @@ def extract_records(rule: DocumentRule, page: TextResponse | Selector, url: str)
     return ExtractionResult(records, skipped)
 
 
-def _fields(rule: DocumentRule, context: Selector, source: Callable[[], str]) -> dict[str, Any]:
-    return {name: extract_field(spec, context, source) for name, spec in rule.fields.items()}
+def _fields(rule: DocumentRule, context: Selector, source: Callable[[], str],
+            room: int) -> tuple[dict[str, Any], int]:
+    """The fields of one record, and the characters they take (at most *room*)."""
+    fields: dict[str, Any] = {}
+    used = 0
+    for name, spec in rule.fields.items():
+        try:
+            value = fields[name] = extract_field(spec, context, source, room - used)
+        except _TooLarge:
+            raise _TooLarge(f"{name!r} takes the page's values past {AMPLIFICATION} times its size") from None
+        except (ValueError, TypeError, etree.Error, TimeoutError) as exc:
+            raise FieldError(rule.name, name, _problem(exc)) from exc
+        used += len(value) if isinstance(value, str) else sum(map(len, value)) if isinstance(value, list) else 0
+    return fields, used
+
+
+def _select(document: str, field: str, context: Selector, xpath: str) -> list[Selector]:
+    try:
+        return context.xpath(xpath)
+    except (ValueError, TypeError, etree.Error) as exc:
+        raise FieldError(document, field, _problem(exc)) from exc
+
+
+def _problem(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"its regex ran past {REGEX_TIMEOUT:g}s (it backtracks on this page: rewrite it)"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _missing(rule: DocumentRule, fields: dict[str, Any]) -> list[str]:
     return [name for name in rule.required if fields[name] is None or fields[name] in ("", [])]
 
 
-def extract_field(spec: FieldSpec, context: Selector, source: Callable[[], str]) -> Any:
+def extract_field(spec: FieldSpec, context: Selector, source: Callable[[], str], room: int | None = None) -> Any:
     """One field's value in *context*: a list with ``many``, a string with
     ``join``, else the first value or None. *source* gives the HTML that a
-    ``regex`` without ``xpath``/``css`` searches (called only then)."""
-    if spec.xpath is not None:
-        texts = [_text(node) for node in context.xpath(spec.xpath)]
-    elif spec.css is not None:
-        texts = [_text(node) for node in context.css(spec.css)]
+    ``regex`` without ``xpath``/``css`` searches (called only then). Texts
+    are read as far as the value needs them, and no further than *room*
+    characters (``_TooLarge``)."""
+    values: Iterator[str]
+    if spec.xpath is not None or spec.css is not None:
+        nodes = context.xpath(spec.xpath) if spec.xpath is not None else context.css(spec.css)
+        texts: Iterator[str] | None = _texts(nodes, room)
     else:
         texts = None
 
     if spec.regex is None:
-        values = texts or []
+        values = texts if texts is not None else iter(())
     elif texts is None:
         # Matches in HTML source are data like any other value: decode every entity.
-        values = [replace_entities(v) for v in _search(spec, [source()])]
+        values = (replace_entities(v) for v in _search(spec, iter([source()])))
     else:
         values = _search(spec, texts)
 
     if spec.strip:
-        values = [v for v in (" ".join(v.split()) for v in values) if v]
+        values = (v for v in (" ".join(v.split()) for v in values) if v)
     if spec.join is not None:
-        return spec.join.join(values) if values else None
+        joined = list(values)
+        return spec.join.join(joined) if joined else None
     if spec.many:
-        return values
-    return values[0] if values else None
+        return list(values)
+    return next(values, None)
 
 
-def _search(spec: FieldSpec, texts: list[str]) -> list[str]:
+def _texts(nodes: list[Selector], room: int | None) -> Iterator[str]:
+    for node in nodes:
+        text = _text(node)
+        if room is not None and (room := room - len(text)) < 0:
+            raise _TooLarge
+        yield text
+
+
+def _search(spec: FieldSpec, texts: Iterator[str]) -> Iterator[str]:
     """The first group (or whole match) of every match of ``spec.regex``."""
     regex = spec.regex
     assert regex is not None
-    found: list[str] = []
     for text in texts:
-        for match in regex.finditer(text):
+        for match in regex.finditer(text, timeout=REGEX_TIMEOUT):
             value = match.group(1) if regex.groups else match.group(0)
-            if value is None:  # an optional group that did not take part
-                continue
-            found.append(value)
-    return found
+            if value is not None:  # None: an optional group that did not take part
+                yield value
 
 
 _string_value = etree.XPath("string()")
 
 
 def _text(node: Selector) -> str:
-    """A selected node as text: strings as they are, elements by text content."""
+    """A selected node as text: strings as they are, elements by text
+    content, comments and processing instructions by theirs."""
     root = node.root
     if isinstance(root, str):
         return root
+    if isinstance(root, (etree._Comment, etree._ProcessingInstruction)):
+        return root.text or ""
     if isinstance(root, bool):
         return "true" if root else "false"
     if isinstance(root, float):
@@ -241,6 +335,17 @@ def _text(node: Selector) -> str:
 # --- links -------------------------------------------------------------------
 
 
+_CSS = HTMLTranslator()
+
+
+@lru_cache(maxsize=64)
+def region_xpaths(restrict_xpaths: tuple[str, ...], restrict_css: tuple[str, ...]) -> tuple[str, ...]:
+    """The follow rules' ``restrict_xpaths`` and ``restrict_css`` as XPaths
+    that select only elements: the text or attributes one of them selects
+    on a page are no region of it (Scrapy's link extractor fails on them)."""
+    return tuple(f"({x})[self::*]" for x in (*restrict_xpaths, *map(_CSS.css_to_xpath, restrict_css)))
+
+
 @lru_cache(maxsize=64)
 def _follow_extractor(follow: FollowRules) -> LinkExtractor:
     # allowed_domains is checked by host_allowed() rather than allow_domains:
@@ -249,8 +354,7 @@ def _follow_extractor(follow: FollowRules) -> LinkExtractor:
     return LinkExtractor(
         allow=follow.allow,
         deny=follow.deny,
-        restrict_xpaths=follow.restrict_xpaths,
-        restrict_css=follow.restrict_css,
+        restrict_xpaths=region_xpaths(follow.restrict_xpaths, follow.restrict_css),
         unique=True,
     )
 
@@ -264,7 +368,8 @@ def link_followed(site: SiteConfig, url: str) -> bool:
 
 @lru_cache(maxsize=64)
 def _all_extractor(restrict_xpaths: tuple[str, ...] = (), restrict_css: tuple[str, ...] = ()) -> LinkExtractor:
-    return LinkExtractor(restrict_xpaths=restrict_xpaths, restrict_css=restrict_css, deny_extensions=(), unique=True)
+    return LinkExtractor(restrict_xpaths=region_xpaths(restrict_xpaths, restrict_css), deny_extensions=(),
+                         unique=True)
 
 
 def _page_level(response: TextResponse, level: int | None) -> int:
@@ -361,13 +466,10 @@ def follow_urls(site: SiteConfig, response: TextResponse, level: int | None = No
     if _too_deep(site, _page_level(response, level)):
         return []
     extractor = _follow_extractor(site.follow)
-    if extractor.restrict_xpaths:
+    if extractor.restrict_xpaths:  # elements only: region_xpaths
         roots = [sel.root for x in extractor.restrict_xpaths for sel in response.xpath(x)]
     else:
         roots = [response.selector.root]
-    if not all(isinstance(root, etree._Element) for root in roots):
-        # A restrict XPath that selects text or attributes: Scrapy's extractor decides (and fails) as it does.
-        return _canonical([d.url for d in _followed(site, response)], site.traps.strip_params)
     base_url, response_url, encoding = get_base_url(response), response.url, response.encoding
     verdict = _link_verdicts(site.follow, site.allowed_domains, site.traps.strip_params)
     # A relative path resolves the same way from every page of one directory:
@@ -435,16 +537,6 @@ def _resolution_key(base_url: str, response_url: str, encoding: str) -> tuple[st
     if not base.scheme or not base.netloc:
         return None
     return (base.scheme, base.netloc, base.path[: base.path.rfind("/") + 1], urlsplit(response_url).scheme, encoding)
-
-
-def _canonical(urls: list[str], strip: tuple[str, ...]) -> list[str]:
-    out = []
-    for url in urls:
-        try:
-            out.append(canonicalize(url, strip))
-        except ValueError:
-            continue
-    return out
 
 
 _UNKNOWN = object()

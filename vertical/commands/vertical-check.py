@@ -39,7 +39,7 @@ class Command(VerticalCommand):
         parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="fetch timeout")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        from vertical.check import check_page, load_page, render
+        from vertical.check import FetchError, check_page, load_page, render
         from vertical.config import ConfigError, load_site
 
         assert self.settings is not None
@@ -64,6 +64,10 @@ class Command(VerticalCommand):
         try:
             url, response = load_page(site, args[1], opts.url, user_agent=self.settings.get("USER_AGENT"),
                                       timeout=opts.timeout)
+        except FetchError as exc:
+            print(f"vertical-check: {exc}", file=sys.stderr)
+            self.exitcode = 1
+            return
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         report = {**summary, **check_page(site, response, url, opts.level)}
