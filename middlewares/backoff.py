@@ -8,8 +8,8 @@ pace. Instead, when the host answers
 - 429 (Too Many Requests), or 503 (Service Unavailable) with a
   ``Retry-After``: the host is postponed (``scheduler.postpone_host``) for
   what ``Retry-After`` asks, seconds or an HTTP date, at most
-  ``VERTICAL_RETRY_AFTER_MAX``; a 429 without it for
-  :data:`TOO_MANY_REQUESTS_WAIT`. The page goes back to the store unchanged,
+  ``VERTICAL_RETRY_AFTER_MAX`` and at least :data:`SHORTEST_WAIT` (also a
+  429's without it). The page goes back to the store unchanged,
   due when the host is again (it was not fetched: no failure counted, no
   change rate learned), and the request is ignored. Counted in
   ``vertical/host/retry_after``.
@@ -48,8 +48,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a host that answered 429 without ``Retry-After`` is left alone.
-TOO_MANY_REQUESTS_WAIT = 60.0
+#: The least a host that asks to wait is left alone, in seconds: a 429
+#: without ``Retry-After``, and a ``Retry-After`` of 0 or of a date past,
+#: which would have the page asked again at once, and again, for ever.
+SHORTEST_WAIT = 60.0
 
 
 def retry_after(value: bytes | str | None, now: float) -> float | None:
@@ -74,8 +76,8 @@ def asked_wait(request: Request, response: Response, longest: float) -> float | 
     if asked is None:
         if response.status == 503:
             return None  # a server error: Scrapy's retries, then the failure backoff
-        asked = TOO_MANY_REQUESTS_WAIT
-    return min(asked, longest)
+        asked = 0.0
+    return max(min(asked, longest), SHORTEST_WAIT)
 
 
 def leave_alone(crawler: Crawler, request: Request, wait: float, why: str) -> IgnoreRequest:

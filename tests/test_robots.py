@@ -211,16 +211,21 @@ class _AskingToWait(_Handler):
 
 
 @pytest.mark.parametrize(("status", "retry_after", "wait"), [
-    (429, "1800", 1800), (503, "HTTP date", 1800), (429, None, 60), (429, "36000", 3600)],
-    ids=["429 seconds", "503 date", "429 bare", "429 longer than the most"])
+    (429, "1800", 1800), (503, "HTTP date", 1800), (429, None, 60), (429, "36000", 3600), (503, "0", 60),
+    (429, "past HTTP date", 60)],
+    ids=["429 seconds", "503 date", "429 bare", "429 longer than the most", "503 now", "429 date past"])
 def test_a_host_that_asks_to_wait_is_left_alone_that_long(tmp_path, status, retry_after, wait):
     """RFC 9110's Retry-After, on a 429 (RFC 6585) or 503: the page is asked
     once (Scrapy's RetryMiddleware would ask again at once, twice), the host
     is left alone for what it asked, at most VERTICAL_RETRY_AFTER_MAX (an
-    hour), and the page waits in the store as it was, neither fetched nor
-    failed. A 429 without Retry-After: a minute."""
+    hour) and at least a minute, and the page waits in the store as it was,
+    neither fetched nor failed. A 429 without Retry-After: a minute. (A
+    Retry-After of 0, or a date past, had the page asked again at once, every
+    second, and the run never ended.)"""
     if retry_after == "HTTP date":
         retry_after = email.utils.formatdate(time.time() + wait, usegmt=True)
+    elif retry_after == "past HTTP date":
+        retry_after = email.utils.formatdate(time.time() - 86400, usegmt=True)
     store = tmp_path / "f.sqlite3"
     server = SmallSite({**PAGES, "/robots.txt": (200, b"User-agent: *\n")})
     server.RequestHandlerClass = _AskingToWait

@@ -792,8 +792,9 @@ class FrontierScheduler(BaseScheduler):
     def postpone_host(self, host: str, seconds: float) -> None:
         """Leave a host alone for a while (its robots.txt answered 5xx or timed
         out, it answered 429 or asked to wait with Retry-After): its queued
-        records go back to the store for later."""
-        self._postponed[host] = self.now() + seconds
+        records go back to the store for later. A shorter wait asked while a
+        longer one runs does not end it."""
+        self._postponed[host] = max(self._postponed.get(host, 0.0), self.now() + seconds)
         self._release_host(host)
         self.stats.inc_value("vertical/host/postponed")
 
