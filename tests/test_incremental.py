@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import re
 import resource
+import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.crawling import collect, crawl, crawl_log, kill, site_file, start_crawl, wait_for
+from tests.crawling import REPO, collect, crawl, crawl_log, kill, site_file, start_crawl, wait_for
 from tests.test_redis_crawl import documents, page_requests, truth_documents
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
@@ -357,6 +361,50 @@ def test_a_store_that_cannot_be_opened_stops_before_any_request(demo, tmp_path, 
     assert len(errors) == 1 and str(store) in errors[0] and cause in errors[0], errors
     assert "Traceback" not in result.log + result.stderr
     assert demo.requests == []
+
+
+def test_a_store_damaged_under_the_crawl_ends_it(demo, tmp_path):
+    """Pages of the SQLite file zeroed between two runs (a bad disk, a copy
+    cut short): SQLite opens it and answers "database disk image is
+    malformed" to the claims. That is no outage to wait out: the crawl used
+    to log it every 10 s for ever, its heartbeats (which still wrote) keeping
+    VERTICAL_STORE_PATIENCE from running out. Now one error names the store
+    and what to do, and the crawl ends (``store_unsuitable``)."""
+    site, store = site_file(tmp_path, demo.url), tmp_path / "f.sqlite3"
+    crawl(site, store, tmp_path)
+    page = 4096
+    pages = store.stat().st_size // page
+    assert pages > 12
+    with open(store, "r+b") as file:  # a third of the way in, past the schema
+        file.seek(pages // 3 * page)
+        file.write(b"\0" * 4 * page)
+    result = crawl(site, store, tmp_path, tag="2", check=False, timeout=120,
+                   settings={"VERTICAL_TIME_OFFSET": 172800, "VERTICAL_STORE_PATIENCE": 600})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stats["finish_reason"] == "store_unsuitable"
+    errors = [line for line in result.log.splitlines() if " ERROR: " in line]
+    assert errors and str(store) in errors[0] and "malformed" in errors[0] and ".recover" in errors[0], errors
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root reads and writes any file")
+def test_a_store_file_that_cannot_be_written_is_refused_at_open(tmp_path):
+    """Mode 444 (or a read-only mount): SQLite opens it without a word and
+    fails the first write, which a crawl made only at its first heartbeat,
+    then closed with a cascade of Scrapy errors. The open now tries a write."""
+    store = tmp_path / "f.sqlite3"
+    SQLiteFrontier(store).close()
+    store.chmod(0o444)
+    code = ("import sys; from vertical.frontier.sqlite import SQLiteFrontier\n"
+            "from vertical.frontier.base import UnsuitableStore\n"
+            f"try: SQLiteFrontier({str(store)!r})\n"
+            "except UnsuitableStore as exc: print(exc); sys.exit(3)\n")
+    # As root, without the capability that lets root write any file.
+    drop = ["setpriv", "--inh-caps=-dac_override,-dac_read_search,-fowner",
+            "--bounding-set=-dac_override,-dac_read_search,-fowner"] if os.geteuid() == 0 else []
+    done = subprocess.run([*drop, sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.stdout.startswith(f"SQLite store {store} cannot be written (attempt to write a readonly database)")
 
 
 def test_yaml_tags_construct_no_python_objects(demo, tmp_path):

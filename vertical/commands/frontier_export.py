@@ -46,6 +46,8 @@ def open_store(uri: str, settings: Any) -> Iterator[Frontier]:
     except StoreUnavailable as exc:
         hint = "" if isinstance(exc, StoreLost) else f" (try again later, or give {uri} a longer ?patience=SECONDS)"
         raise SystemExit(f"{exc}{hint}") from None
+    except UnsuitableStore as exc:  # found damaged once read
+        raise SystemExit(str(exc)) from None
 
 
 def dump_lines(store: Frontier, sites: Iterable[str]) -> Iterator[dict[str, Any]]:

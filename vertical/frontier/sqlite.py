@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -262,6 +263,27 @@ def _identity(path: str) -> tuple[int, int] | None:
     return found.st_dev, found.st_ino
 
 
+#: SQLite's primary result codes of a file no wait mends.
+_READONLY, _CORRUPT, _NOTADB = 8, 11, 26
+
+
+@contextmanager
+def _usable(path: str) -> Iterator[None]:
+    """Raise :class:`UnsuitableStore` for an error that says the file was
+    damaged or made read-only under the crawl: retrying would fail the same
+    way for ever (a crawl used to, every 10 s)."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # extended codes keep the primary in the low byte
+        if code in (_CORRUPT, _NOTADB):
+            raise UnsuitableStore(f"SQLite store {path} is damaged ({exc}): restore it from a backup, or recover "
+                                  f"what it holds with the sqlite3 shell's .recover") from exc
+        if code == _READONLY:
+            raise UnsuitableStore(f"SQLite store {path} cannot be written ({exc})") from exc
+        raise
+
+
 class SQLiteFrontier(Frontier):
     """:class:`Frontier` in one SQLite file (``sqlite:///relative.sqlite3`` or
     ``sqlite:////absolute.sqlite3``)."""
@@ -292,6 +314,9 @@ class SQLiteFrontier(Frontier):
         self._db.execute("PRAGMA cache_size=-131072")  # KiB: 128 MiB
         self._db.execute("PRAGMA mmap_size=1073741824")
         with self._transaction() as db:
+            # A file it may read and not write (mode 444, a read-only mount)
+            # opens without a word and fails the crawl's first write: try one.
+            db.execute(f"PRAGMA user_version = {int(db.execute('PRAGMA user_version').fetchone()[0])}")
             _drop_changed_indexes(db)
             counted = db.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'site_counts'").fetchone()
@@ -345,11 +370,14 @@ class SQLiteFrontier(Frontier):
             self.f._db.execute("BEGIN IMMEDIATE" if self.immediate else "BEGIN")
             return self.f._db
 
-        def __exit__(self, exc_type: Any, *_: Any) -> None:
+        def __exit__(self, exc_type: Any, exc: BaseException | None, _: Any) -> None:
             try:
                 self.f._db.execute("ROLLBACK" if exc_type else "COMMIT")
             finally:
                 self.f._lock.release()
+            if isinstance(exc, sqlite3.DatabaseError):
+                with _usable(self.f.path):  # UnsuitableStore, raised from it, when it says so
+                    raise exc
 
     def _transaction(self, immediate: bool = True) -> SQLiteFrontier._Tx:
         return self._Tx(self, immediate)
@@ -668,7 +696,7 @@ class SQLiteFrontier(Frontier):
     # -- reads --------------------------------------------------------------
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
+        with self._lock, _usable(self.path):
             return self._db.execute(sql, params).fetchall()
 
     def known(self, site: str, fingerprints: Iterable[int]) -> set[int]:
@@ -754,10 +782,11 @@ class SQLiteFrontier(Frontier):
             sql += " WHERE site = ?"
             params = (site,)
         # A separate cursor so that iterating does not hold the lock.
-        cursor = sqlite3.connect(self.path, timeout=60).execute(sql, params) if self.path != ":memory:" \
-            else self._db.execute(sql, params)
-        for row in cursor:
-            yield _row_to_record(row)
+        with _usable(self.path):
+            cursor = sqlite3.connect(self.path, timeout=60).execute(sql, params) if self.path != ":memory:" \
+                else self._db.execute(sql, params)
+            for row in cursor:
+                yield _row_to_record(row)
 
     def sample(self, site: str, n: int) -> list[URLRecord]:
         """The ``n`` records from a random fingerprint on (wrapping around):
@@ -775,9 +804,10 @@ class SQLiteFrontier(Frontier):
 
     def fingerprints(self, site: str) -> Iterator[int]:
         """Every fingerprint of a site (to rebuild the seen-test filter)."""
-        cursor = self._db.execute("SELECT fp FROM urls WHERE site = ?", (site,))
-        for (fp,) in cursor:
-            yield fp
+        with _usable(self.path):
+            cursor = self._db.execute("SELECT fp FROM urls WHERE site = ?", (site,))
+            for (fp,) in cursor:
+                yield fp
 
     # -- the seen test's filter ------------------------------------------------
     #
