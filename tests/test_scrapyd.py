@@ -198,3 +198,17 @@ def test_monitor_backs_off_from_a_crawl_that_keeps_dying(scrapyd, deployment, tm
         now[0] += 5
         assert monitor.poll() == {"nosuchsite": f"waiting {wait}s"}
         now[0] += wait
+
+
+def test_a_monitored_site_owns_only_its_own_jobs():
+    """Sites whose names share a prefix (the bundled demo and demo-traps): a
+    running demo-traps job used to count as demo's, so a dead demo crawl was
+    never scheduled again."""
+    from vertical.monitor import ScrapydMonitor, is_job_of, job_prefix
+
+    traps_job = f"{job_prefix('demo-traps')}0123456789ab"
+    assert is_job_of(traps_job, "demo-traps") and not is_job_of(traps_job, "demo")
+    monitor = ScrapydMonitor("http://127.0.0.1:9/", ["demo", "demo-traps"])
+    jobs = {"running": [{"id": traps_job, "spider": "vertical"}], "pending": []}
+    assert monitor._job_of("demo", jobs) is None
+    assert monitor._job_of("demo-traps", jobs) == ("running", traps_job)

@@ -11,8 +11,9 @@ What a caller can rely on:
 
 * one :meth:`ScrapydMonitor.poll` schedules at most one job per site, and
   none for a site with a job pending or running, whoever scheduled it: a
-  job is the site's when its id starts with ``monitor-SITE-`` (the ids this
-  monitor gives) or, while pending, when its ``site`` argument is SITE;
+  job is the site's when its id is one this monitor gives the site
+  (``monitor-SITE-`` and 12 hex digits: ``monitor-demo-traps-...`` is not
+  demo's) or, while pending, when its ``site`` argument is SITE;
   so a restarted monitor adopts the jobs it had scheduled;
 * a job that ended within ``min_uptime`` of being scheduled counts as a
   crash: the next one waits ``interval`` x 2^(crashes - 1), up to
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -37,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ScrapydError", "ScrapydMonitor", "job_prefix"]
+__all__ = ["ScrapydError", "ScrapydMonitor", "is_job_of", "job_prefix"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,16 @@ class ScrapydError(RuntimeError):
 def job_prefix(site: str) -> str:
     """The prefix of the ids of the jobs the monitor schedules for *site*."""
     return f"monitor-{site}-"
+
+
+#: What follows the prefix in a job id: a sitename may itself hold "-".
+_JOB_SUFFIX = re.compile(r"[0-9a-f]{12}\Z")
+
+
+def is_job_of(job_id: str, site: str) -> bool:
+    """Whether *job_id* is one the monitor gives *site*'s jobs."""
+    prefix = job_prefix(site)
+    return job_id.startswith(prefix) and _JOB_SUFFIX.fullmatch(job_id, len(prefix)) is not None
 
 
 @dataclass
@@ -128,12 +140,11 @@ class ScrapydMonitor:
     # -- helpers ------------------------------------------------------------------------
 
     def _job_of(self, site: str, jobs: Mapping[str, Any]) -> tuple[str, str] | None:
-        prefix = job_prefix(site)
         for kind in ("running", "pending"):
             for job in jobs.get(kind, ()):
                 if job.get("spider") != self.spider:
                     continue
-                if str(job.get("id", "")).startswith(prefix) or (job.get("args") or {}).get("site") == site:
+                if is_job_of(str(job.get("id", "")), site) or (job.get("args") or {}).get("site") == site:
                     return kind, job["id"]
         return None
 
