@@ -63,6 +63,7 @@ def truth_films(demo: DemoServer) -> set[str]:
     ("VERTICAL_STORE", "redis://127.0.0.1:6379/0?patience=5m"),
     ("VERTICAL_LEASE", "0"),  # every claim would run out as it is made
     ("VERTICAL_HEARTBEAT", "10s"),
+    ("VERTICAL_TIME_OFFSET", "1e20"),  # a day later is the same float: every page fetched due again, for ever
     ("VERTICAL_METRICS_PORT", "99999"),
     ("REDIS_PARAMS", "{socket_timeout: 5}"),  # not JSON
     ("VERTICAL_DNS_SERVERS", "ns1.example.net"),  # Twisted Names needs an address: every lookup would fail

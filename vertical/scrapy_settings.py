@@ -67,7 +67,10 @@ _RANGES: dict[str, Callable[[float], bool]] = {
     "of 1 or more": lambda v: v >= 1,
     "between 0 and 1": lambda v: 0 < v < 1,
     "from 0 to 65535": lambda v: 0 <= v <= 65535,
-    "": lambda v: True,
+    # A century either way: far enough to replay "later"; past it, times in
+    # the store lose their seconds (1e20 + a day == 1e20) and a page fetched
+    # is due again at once, for ever.
+    "within a century (±3155760000 seconds)": lambda v: abs(v) <= 3_155_760_000,
 }
 
 #: vertical's own settings that are numbers (vertical/settings.py says what
@@ -82,7 +85,7 @@ NUMBERS: dict[str, tuple[type, str]] = {
     "VERTICAL_WRITE_INTERVAL": (float, "of 0 or more"),
     "VERTICAL_MAX_PAGES": (int, "of 0 or more"),
     "VERTICAL_MAX_SECONDS": (float, "of 0 or more"),
-    "VERTICAL_TIME_OFFSET": (float, ""),
+    "VERTICAL_TIME_OFFSET": (float, "within a century (±3155760000 seconds)"),
     "VERTICAL_SEEN_CAPACITY": (int, "of 1 or more"),
     "VERTICAL_SEEN_ERROR_RATE": (float, "between 0 and 1"),
     "VERTICAL_SEEN_CACHE": (int, "of 0 or more"),
