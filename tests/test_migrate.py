@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.crawling import wait_for
 from vertical.frontier import open_frontier
 from vertical.record import FETCHED, GONE, URLRecord
 
@@ -144,3 +146,32 @@ def test_a_bad_line_stops_the_import_naming_it_and_writes_nothing_false(sqlite_s
     dump.write_text("\n".join(good) + "\n")
     ok("frontier_import", "--store", target, str(dump))
     assert snapshot(target, ["movies"]) == snapshot(sqlite_source, ["movies"])
+
+
+def test_an_export_cut_short_leaves_the_file_as_it_was(tmp_path):
+    """Ctrl-C in the middle of ``frontier_export -o FILE``: the file was
+    written in place, so it held the first few thousand lines, which
+    ``frontier_import`` loaded without a word, and the good export it
+    replaced was gone. Now the export appears only whole; the command ends
+    with one line and exit status 130."""
+    uri = f"sqlite:///{tmp_path / 'big.sqlite3'}"
+    with open_frontier(uri) as store:
+        for start in range(0, 200_000, 10_000):
+            batch = records("big", 10_000)
+            for i, record in enumerate(batch):
+                record.url, record.fingerprint = f"http://big.example/p/{start + i}", start + i
+            store.save(batch)
+    out = tmp_path / "frontier.jsonl"
+    out.write_text("the export of yesterday\n")
+    proc = subprocess.Popen([sys.executable, "-m", "scrapy", "frontier_export", "--from", uri, "-o", str(out)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(p.stat().st_size > 100_000 for p in tmp_path.glob(".frontier.jsonl.partial-*")),
+                 timeout=60)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and stderr.strip() == "interrupted", stderr
+    assert out.read_text() == "the export of yesterday\n"
+    assert [p.name for p in tmp_path.iterdir() if "frontier.jsonl" in p.name] == ["frontier.jsonl"]

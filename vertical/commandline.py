@@ -7,12 +7,15 @@ folder, inside another Scrapy project or none. There the settings are not
 vertical's, so :class:`VerticalCommand` fills in the ``VERTICAL_*`` defaults
 that the settings in force do not set: ``scrapy vertical-status`` in an
 empty folder reads ``sqlite:///.vertical/frontier.sqlite3`` as a crawl there
-would.
+would. Ctrl-C ends any of them with one line and exit status 130, as a
+shell does, rather than a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import sys
 from typing import Any
 
 from scrapy.commands import ScrapyCommand
@@ -39,7 +42,23 @@ class VerticalCommand(ScrapyCommand):
     requires_crawler_process = False
     default_settings = {"LOG_ENABLED": False}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "run" in cls.__dict__:
+            cls.run = _interruptible(cls.__dict__["run"])  # type: ignore[method-assign]
+
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         super().process_options(args, opts)
         assert self.settings is not None
         vertical_defaults(self.settings)
+
+
+def _interruptible(run: Any) -> Any:
+    @functools.wraps(run)
+    def wrapper(self: ScrapyCommand, args: list[str], opts: argparse.Namespace) -> None:
+        try:
+            run(self, args, opts)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            self.exitcode = 130
+    return wrapper

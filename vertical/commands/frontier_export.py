@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from pathlib import Path
+from typing import IO, Any, TextIO
 
 from scrapy.exceptions import UsageError
 
@@ -181,16 +183,31 @@ class Command(VerticalCommand):
                 with open_store(opts.to, self.settings) as target:
                     report(load_lines(target, lines, release=opts.release), opts.to)
                 return
-            out = sys.stdout if opts.output == "-" else open(opts.output, "w", encoding="utf-8")
             counts: dict[str, int] = dict.fromkeys(sites, 0)
-            try:
+            with _output(opts.output) as out:
                 for line in lines:
                     if opts.release and "record" in line:
                         line["record"].update(claim_owner=None, claim_until=0.0)
                     if "record" in line:
                         counts[line["record"]["site"]] += 1
                     out.write(json.dumps(line, ensure_ascii=False) + "\n")
-            finally:
-                if out is not sys.stdout:
-                    out.close()
             report(counts, opts.output)
+
+
+@contextmanager
+def _output(name: str) -> Iterator[TextIO]:
+    """Standard output for "-"; else a file that appears under ``name`` only
+    whole: written beside it and renamed at the end. An export cut short (Ctrl-C,
+    a store gone) leaves no part of a frontier that would import without a
+    word, and whatever ``name`` held before."""
+    if name == "-":
+        yield sys.stdout
+        return
+    target = Path(name)
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        with open(partial, "w", encoding="utf-8") as out:
+            yield out
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
