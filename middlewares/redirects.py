@@ -20,15 +20,15 @@ page whose one link is its target:
   is a ``Location`` that is no URL (``http://[bad/``, a port over 65535): the
   page is a redirect to nowhere.
 
-A meta refresh to no URL, or to a scheme other than http(s) (``javascript:``),
-is no refresh, as for Scrapy's ``MetaRefreshMiddleware`` and browsers: the
+A meta refresh to the page itself, to no URL, or to a scheme other than
+http(s) (``javascript:``), is no refresh, as for Scrapy's ``MetaRefreshMiddleware`` and browsers: the
 page is read as any other. So is a ``<base href>`` that is no URL: the page's
 links resolve against its own URL (``vertical/pages/bad_base``), where the
 page's selector, its links and its meta refresh would all have failed on it.
 
-A redirect to the same canonical URL (a cookie set and the page asked
-again, a session id stripped away) is left to Scrapy's middlewares, which
-follow it within ``REDIRECT_MAX_TIMES``. Requests without a frontier record
+A 3xx to the same canonical URL (a cookie set and the page asked again, a
+session id stripped away) is left to Scrapy's middlewares, which follow it
+within ``REDIRECT_MAX_TIMES``. Requests without a frontier record
 (robots.txt, second-stage resources, which may live on a CDN) keep Scrapy's
 behaviour, as does any request with ``dont_redirect``.
 
@@ -50,7 +50,7 @@ from scrapy.http import HtmlResponse, TextResponse
 from w3lib.url import safe_url_string
 
 from vertical.commit import FrontierCommit, PageOutcome
-from vertical.compat import meta_refresh, settle_base_url
+from vertical.compat import ignore_meta_refresh, meta_refresh, settle_base_url
 from vertical.config import host_allowed
 from vertical.scheduler import META_RECORD
 from vertical.urls import canonicalize, host_of
@@ -151,4 +151,8 @@ class FrontierMetaRefreshMiddleware(FrontierRedirectMiddleware):
         interval, url = meta_refresh(response, self.ignore_tags)
         if url and interval is not None and interval < self.max_delay:
             self._redirect(request, response, url)
+            # Not settled: a refresh to the page itself (a live page asking to
+            # be shown again), which Scrapy's middleware would follow twenty
+            # times. The page is read as it is.
+            ignore_meta_refresh(response)
         return response

@@ -392,6 +392,13 @@ class VerticalSpider(Spider):
         record: URLRecord = response.meta[META_RECORD]
         fetched_at = datetime.now(UTC).isoformat(timespec="seconds")
         if response.status == 304:
+            asked = response.request.headers  # type: ignore[union-attr]
+            if b"If-None-Match" not in asked and b"If-Modified-Since" not in asked:
+                # "Not modified" since nothing: a broken server or cache. Taken
+                # at its word, a page never fetched would wait a day, unread.
+                self.commit.page_failed(record, Failure(ValueError("304 to an unconditional request")),
+                                        "unasked_304")
+                return
             yield from self._finish(record, PageOutcome(response, not_modified=True))
             return
         if response.status in GONE_STATUSES:

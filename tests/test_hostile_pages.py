@@ -28,6 +28,7 @@ class HostileSite:
         "/film/js": (HTML, '<h1>js</h1><a class="trailer" href="javascript:void(0)">trailer</a>'),
         "/film/nowhere": (HTML, '<h1>nowhere</h1><a class="trailer" href="http://[bad/">trailer</a>'),
         "/trailer/1": ({"Content-Type": "video/mp4"}, "mp4"),
+        "/doc/ghost": ({}, ""),  # 304 to every request, conditional or not
     }
 
     def render(self, path, host="", headers=None, step=None):
@@ -36,6 +37,8 @@ class HostileSite:
         if path == "/":
             links = "".join(f'<a href="{p}">{p}</a>' for p in self.PAGES if not p.startswith("/trailer/"))
             return DemoResponse(200, HTML, f"<html><body>{links}</body></html>".encode())
+        if path == "/doc/ghost":
+            return DemoResponse(304, {}, b"")
         if path in self.PAGES:
             headers, body = self.PAGES[path]
             return DemoResponse(200, headers, body.encode())
@@ -68,7 +71,10 @@ def test_hostile_pages_lose_only_what_cannot_be_extracted(tmp_path):
     # The regex that would never end: stopped, named once with the config
     # file, and the page failed (tried again after the failure backoff).
     assert result.stat("vertical/extract/field_error") == 1
-    assert result.stat("vertical/pages/failed/field_error") == 1 and result.stat("vertical/pages/failed") == 1
+    assert result.stat("vertical/pages/failed/field_error") == 1
+    # "Not modified" since nothing: taken at its word, the page waited a day unread.
+    assert result.stat("vertical/pages/failed/unasked_304") == 1 and result.stat("vertical/not_modified") == 0
+    assert result.stat("vertical/pages/failed") == 2
     warnings = [line for line in result.log.splitlines() if "field 'code'" in line]
     assert len(warnings) == 1 and "WARNING" in warnings[0] and str(config) in warnings[0], warnings
     assert "/doc/stuck" in warnings[0]

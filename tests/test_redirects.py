@@ -97,6 +97,7 @@ class WrongAboutItself:
         heads = {f"base{i}": f'<base href="{bad}">' for i, bad in enumerate(self.BAD)}
         heads |= {f"refresh{i}": f'<meta http-equiv="refresh" content="0; url={bad}">'
                   for i, bad in enumerate(self.BAD + ("javascript:void(0)",))}
+        heads["itself"] = '<meta http-equiv="refresh" content="0">'  # a live page, shown again
         locations = {f"/doc/location{i}": bad for i, bad in enumerate(self.BAD)}
         name = path.rsplit("/", 1)[1]
         if path == "/":
@@ -121,7 +122,9 @@ def test_a_page_wrong_about_its_own_url_keeps_its_document_and_links(tmp_path):
     page's selector, its link extraction and the meta-refresh middlewares
     all read the <base href> and the refresh. Now a <base href> or a meta
     refresh that is no URL (or a javascript: refresh) is ignored, as a
-    browser ignores it; a Location that is no URL is a redirect to nowhere."""
+    browser ignores it; a Location that is no URL is a redirect to nowhere.
+    A page that refreshes itself is read as it is (it was fetched 21 times,
+    Scrapy's redirect limit, and dropped)."""
     site = WrongAboutItself()
     with serve(site) as server:
         config = tmp_path / "w.yaml"
@@ -130,7 +133,7 @@ def test_a_page_wrong_about_its_own_url_keeps_its_document_and_links(tmp_path):
             "documents": [{"name": "doc", "match": r"/doc/", "fields": {"title": "//h1/text()"}}]}))
         result = crawl(config, tmp_path / "f.sqlite3", tmp_path, settings=FAST)
         paths = sorted(e["path"] for e in server.requests)
-    pages = ["base0", "base1", "refresh0", "refresh1", "refresh2"]
+    pages = ["base0", "base1", "refresh0", "refresh1", "refresh2", "itself"]
     assert sorted(i["fields"]["title"] for i in result.items) == sorted(pages + [f"{p}-child" for p in pages])
     assert paths == sorted(["/", "/robots.txt", "/doc/location0", "/doc/location1",
                             *(f"/doc/{p}" for p in pages), *(f"/doc/{p}-child" for p in pages)])

@@ -52,6 +52,7 @@ __all__ = [
     "existing_slot",
     "feed_slot_state",
     "feed_slots",
+    "ignore_meta_refresh",
     "installed_resolver",
     "link_filters",
     "meta_refresh",
@@ -339,8 +340,16 @@ def meta_refresh(response: TextResponse, ignore_tags: list[str]) -> tuple[float,
         interval, url = None, ""
     if url is None or urlsplit(url).scheme in ("http", "https"):
         return interval, url  # type: ignore[return-value]
-    _get(utils, "response", "_metaref_cache")[response] = (None, None)
+    ignore_meta_refresh(response)
     return None, None
+
+
+def ignore_meta_refresh(response: TextResponse) -> None:
+    """Make the page's meta refresh, if any, no refresh for every later
+    reader (Scrapy's ``MetaRefreshMiddleware`` among them)."""
+    from scrapy.utils import response as utils
+
+    _get(utils, "response", "_metaref_cache")[response] = (None, None)
 
 
 # -- DNS --------------------------------------------------------------------------------
