@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -405,6 +406,30 @@ def test_a_store_file_that_cannot_be_written_is_refused_at_open(tmp_path):
                           timeout=60)
     assert done.returncode == 3, done.stdout + done.stderr
     assert done.stdout.startswith(f"SQLite store {store} cannot be written (attempt to write a readonly database)")
+
+
+def test_pages_of_a_host_the_config_no_longer_allows_are_not_fetched(tmp_path):
+    """The site config moved to another host (allowed_domains edited): the
+    records of the old host stay in the store, and a run two days later
+    fetched every one of them again (484 requests). They are parked now,
+    looked at again after VERTICAL_TRAP_RECHECK."""
+    with serve(DemoSite(seed=0, films=20), hosts=2) as demo:
+        old, new = demo.urls
+        store = tmp_path / "f.sqlite3"
+        crawl(site_file(tmp_path, old), store, tmp_path)
+        known = len(records(store))
+        demo.clear_log()
+        moved = site_file(tmp_path, new, allowed_domains=["127.0.0.2"])
+        result = crawl(moved, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": 172800})
+        hosts = {r["host"] for r in demo.requests}
+    assert hosts == {"127.0.0.2"}
+    assert result.stat("vertical/offsite/parked") == known
+    frontier = SQLiteFrontier(store)
+    try:
+        later = [r.next_fetch for r in frontier.iter_records("demo") if r.host == "127.0.0.1"]
+    finally:
+        frontier.close()
+    assert len(later) == known and min(later) > time.time() + 172800 + 29 * 86400
 
 
 def test_yaml_tags_construct_no_python_objects(demo, tmp_path):

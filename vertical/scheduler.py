@@ -77,6 +77,7 @@ from twisted.python.failure import Failure
 from vertical.budget import ALLOWANCE_KEY, BudgetPacer, RunAllowance, draw
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
+from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
@@ -960,6 +961,12 @@ class FrontierScheduler(BaseScheduler):
                 back.append(record.fingerprint)  # postponed while the claim was on its way
             elif record.state in (TRAP, FORBIDDEN) and not self._reexamine(record):
                 continue
+            elif not host_allowed(record.host, self.site.allowed_domains):
+                # The config no longer takes its host (allowed_domains was
+                # edited): not fetched, looked at again after the trap recheck.
+                self.stats.inc_value("vertical/offsite/parked")
+                self._inflight[record.fingerprint] = record
+                self.commit.page_parked(record, record.state, self.now() + self.trap_recheck)
             else:
                 self._push(record, asked)
         self._release(back)
