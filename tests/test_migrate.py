@@ -175,3 +175,19 @@ def test_an_export_cut_short_leaves_the_file_as_it_was(tmp_path):
     assert proc.returncode == 130 and stderr.strip() == "interrupted", stderr
     assert out.read_text() == "the export of yesterday\n"
     assert [p.name for p in tmp_path.iterdir() if "frontier.jsonl" in p.name] == ["frontier.jsonl"]
+
+
+def test_a_store_to_read_that_is_not_there_is_named(tmp_path):
+    # A typo used to make an empty store there, and report no records, exit 0.
+    typo = tmp_path / "typo" / "frontier.sqlite3"
+    for command in (("frontier_export", "--from", f"sqlite:///{typo}", "-o", "-"),
+                    ("vertical-status", "--store", f"sqlite:///{typo}")):
+        done = scrapy(*command)
+        assert done.returncode == 2 and f"no SQLite store at {typo}" in done.stderr, done.stderr
+    assert not typo.parent.exists()
+
+
+def test_an_export_of_a_site_the_store_does_not_hold_is_named(sqlite_source):
+    done = scrapy("frontier_export", "--from", sqlite_source, "--site", "moveis", "-o", "-")
+    assert done.returncode == 2 and "no records of site 'moveis'" in done.stderr and "books, movies" in done.stderr
+    assert done.stdout == ""

@@ -212,3 +212,15 @@ def test_a_monitored_site_owns_only_its_own_jobs():
     jobs = {"running": [{"id": traps_job, "spider": "vertical"}], "pending": []}
     assert monitor._job_of("demo", jobs) is None
     assert monitor._job_of("demo-traps", jobs) == ("running", traps_job)
+
+
+@pytest.mark.parametrize(("option", "problem"), [
+    (("--interval", "-1"), "--interval must be above 0"),  # was a traceback
+    (("--interval", "0"), "--interval must be above 0"),  # was a busy loop
+    (("-a", "mode=contnuous"), "mode: 'contnuous' is not once or continuous"),  # every job would die at its start
+])
+def test_monitor_refuses_what_it_could_not_keep_running(option, problem):
+    done = subprocess.run([sys.executable, "-m", "scrapy", "vertical-monitor", "demo", *option,
+                           "--scrapyd", "http://127.0.0.1:9/"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and problem in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

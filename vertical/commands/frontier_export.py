@@ -31,13 +31,17 @@ BATCH = 1000
 
 
 @contextmanager
-def open_store(uri: str, settings: Any) -> Iterator[Frontier]:
+def open_store(uri: str, settings: Any, *, existing: bool = False) -> Iterator[Frontier]:
     """Open ``uri`` with the project's ``REDIS_PARAMS`` (as the crawl does),
     and close it after the block. A store that cannot be opened is an error
-    of the command line (exit status 2); one that stops answering for its
-    patience ends the command with that error and exit status 1, not a
-    traceback."""
+    of the command line (exit status 2), and so, ``existing``, is an SQLite
+    file that is not there (a store to read: a typo would make an empty
+    one); one that stops answering for its patience ends the command with
+    that error and exit status 1, not a traceback."""
     params = dict(settings.getdict("REDIS_PARAMS")) if settings.get("REDIS_PARAMS") else None
+    path = uri.removeprefix("sqlite:///")
+    if existing and uri.startswith("sqlite:///") and path not in ("", ":memory:") and not Path(path).is_file():
+        raise UsageError(f"no SQLite store at {path}")
     try:
         store = open_frontier(uri, **({"redis_params": params} if params else {}))
     except UnsuitableStore as exc:
@@ -176,7 +180,10 @@ class Command(VerticalCommand):
         source_uri = opts.store or self.settings["VERTICAL_STORE"]
         if opts.to == source_uri:
             raise UsageError("--to names the store being read")
-        with open_store(source_uri, self.settings) as source:
+        with open_store(source_uri, self.settings, existing=True) as source:
+            if missing := [site for site in opts.site if site not in source.sites()]:
+                raise UsageError(f"no records of site {', '.join(map(repr, missing))} in {source_uri} (its sites: "
+                                 f"{', '.join(source.sites()) or 'none'})")
             sites = opts.site or source.sites()
             lines = dump_lines(source, sites)
             if opts.to:

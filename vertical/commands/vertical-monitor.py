@@ -77,6 +77,15 @@ class Command(VerticalCommand):
         spider_args = {"mode": "continuous", **_pairs(opts.spargs, "-a")}
         if "site" in spider_args:
             raise UsageError("name the sites as arguments, not with -a site=")
+        if not (opts.interval > 0 and opts.min_uptime >= 0):  # NaN too
+            raise UsageError("--interval must be above 0 seconds and --min-uptime 0 or more")
+        from spiders.vertical import check_arguments
+        from vertical.config import ConfigError
+
+        try:  # what every job would die of at its start, in a loop
+            check_arguments(**spider_args)
+        except ConfigError as exc:
+            raise UsageError(f"{exc.key}: {exc.problem}") from None
         monitor = ScrapydMonitor(url=opts.scrapyd or url or DEFAULT_SCRAPYD, sites=args,
                                  project=opts.project or project or "vertical", spider=opts.spider,
                                  args=spider_args, settings=_pairs(opts.job_settings, "--setting"),

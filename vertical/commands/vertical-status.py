@@ -103,7 +103,7 @@ class Command(VerticalCommand):
         # The crawl's clock: a replay "later" sees what that crawl would see.
         now = time.time() + self.settings.getfloat("VERTICAL_TIME_OFFSET")
         uri = opts.store or self.settings["VERTICAL_STORE"]
-        with open_store(uri, self.settings) as store:
+        with open_store(uri, self.settings, existing=True) as store:
             found = processes(store, [args[0]] if args else store.sites())
             clock = store.clock() if hasattr(store, "clock") else time.time()
             if args and args[0] not in store.sites():
