@@ -148,3 +148,16 @@ def test_a_field_that_fails_on_the_page_is_named():
     response = HtmlResponse("http://127.0.0.1/", body=b"<h1>" + b"a" * 60 + b"b</h1>", encoding="utf-8")
     report = check_page(site, response, response.url)
     assert report["records"] == [] and "document 'doc', field 'code': its regex ran past" in report["note"]
+
+
+def test_a_page_the_crawl_takes_for_a_trap_is_said_so():
+    from scrapy.http import HtmlResponse
+
+    from vertical.check import check_page
+    from vertical.config import parse_site
+
+    site = parse_site({"name": "x", "start_urls": ["http://127.0.0.1/"],
+                       "documents": [{"match": ".", "fields": {"title": "//h1/text()"}}]})
+    body = b"<html><body><h1>x</h1>" + b"\0" * 400 + b"</body></html>"
+    report = check_page(site, HtmlResponse("http://127.0.0.1/", body=body, encoding="utf-8"), "http://127.0.0.1/")
+    assert report["records"] == [] and "trap (nul_bytes)" in report["note"]

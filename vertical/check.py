@@ -27,7 +27,8 @@ from vertical.changes import record_checksum
 from vertical.compat import settle_base_url
 from vertical.config import SiteConfig
 from vertical.extract import FieldError, as_page, explain_links, extract_records, match_rule
-from vertical.traps import check_url
+from vertical.settings import DOWNLOAD_MAXSIZE
+from vertical.traps import check_response, check_url
 from vertical.urls import canonicalize
 
 __all__ = ["FetchError", "check_page", "fetch", "load_page", "read_file", "render"]
@@ -41,7 +42,8 @@ INVALID_URL = "invalid-url"
 TRAP_PREFIX = "trap/"
 
 
-def check_page(site: SiteConfig, response: Response, url: str, level: int = 0) -> dict[str, Any]:
+def check_page(site: SiteConfig, response: Response, url: str, level: int = 0, *,
+               max_size: int = DOWNLOAD_MAXSIZE) -> dict[str, Any]:
     """What a crawl of *site* does with *response*, fetched for the frontier
     URL *url* at link distance *level*, as JSON-able data: ``rule``,
     ``records`` (``document``, ``key``, ``checksum``, ``fields``),
@@ -50,7 +52,9 @@ def check_page(site: SiteConfig, response: Response, url: str, level: int = 0) -
 
     Follows the spider: the rule matches the response URL or else *url*;
     records are keyed by *url*; links are canonical, and links the trap
-    guards would reject are dropped with ``trap/<reason>``.
+    guards would reject are dropped with ``trap/<reason>``; a page the
+    response guards take for a trap (``max_size``: ``DOWNLOAD_MAXSIZE``) is
+    not extracted.
     """
     out: dict[str, Any] = {"url": url, "response_url": response.url, "status": response.status,
                            "rule": None, "records": [], "skipped": [], "links": []}
@@ -59,6 +63,9 @@ def check_page(site: SiteConfig, response: Response, url: str, level: int = 0) -
         return out
     if response.status >= 400:
         out["note"] = "an error status: a crawl tries again later and extracts nothing"
+        return out
+    if 200 <= response.status < 300 and (trap := check_response(response.headers, response.body, max_size)):
+        out["note"] = f"a crawl takes this page for a trap ({trap}): it is parked, and nothing is extracted"
         return out
     if not isinstance(response, TextResponse):
         out["note"] = "not a text response: nothing is extracted"

@@ -70,7 +70,8 @@ class Command(VerticalCommand):
             return
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        report = {**summary, **check_page(site, response, url, opts.level)}
+        report = {**summary, **check_page(site, response, url, opts.level,
+                                          max_size=self.settings.getint("DOWNLOAD_MAXSIZE"))}
         if opts.json:
             print(json.dumps(report, indent=1, ensure_ascii=False))
         else:
