@@ -33,6 +33,7 @@ from vertical.urls import canonicalize
 
 __all__ = ["FetchError", "check_page", "fetch", "load_page", "read_file", "render"]
 
+
 class FetchError(Exception):
     """The page to check could not be fetched (no answer)."""
 

@@ -54,6 +54,8 @@ class VerticalCommand(ScrapyCommand):
 
 
 def _interruptible(run: Any) -> Any:
+    """``run``, ending with one line and exit status 130 on Ctrl-C."""
+
     @functools.wraps(run)
     def wrapper(self: ScrapyCommand, args: list[str], opts: argparse.Namespace) -> None:
         try:

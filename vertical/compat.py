@@ -149,7 +149,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(_REACTOR, "resolver", "the installed resolver: is it vertical's DNS cache", ("middlewares.dns",)),
     Internal(_RESPONSE, "_baseurl_cache", "written: a page whose <base href> is no URL is read at its own URL",
              ("middlewares.redirects",)),
-    Internal(_RESPONSE, "_metaref_cache", "written: a meta refresh to no URL is no refresh",
+    Internal(_RESPONSE, "_metaref_cache", "written: a meta refresh to no URL, javascript: or the page itself is none",
              ("middlewares.redirects",)),
 )
 
