@@ -58,6 +58,7 @@ def test_commands_outside_any_project(installed: Path, tmp_path: Path) -> None:
     status = scrapy(installed, tmp_path, "vertical-status")
     assert status.returncode == 0, status.stderr
     assert status.stdout.strip() == "sqlite:///.vertical/frontier.sqlite3: no records"
+    assert not (tmp_path / ".vertical").exists()  # looked for, not made
 
 
 def test_init_then_crawl_in_a_folder_of_ones_own(installed: Path, tmp_path: Path) -> None:

@@ -39,9 +39,8 @@ def open_store(uri: str, settings: Any, *, existing: bool = False) -> Iterator[F
     one); one that stops answering for its patience ends the command with
     that error and exit status 1, not a traceback."""
     params = dict(settings.getdict("REDIS_PARAMS")) if settings.get("REDIS_PARAMS") else None
-    path = uri.removeprefix("sqlite:///")
-    if existing and uri.startswith("sqlite:///") and path not in ("", ":memory:") and not Path(path).is_file():
-        raise UsageError(f"no SQLite store at {path}")
+    if existing and missing_store(uri):
+        raise UsageError(f"no SQLite store at {uri.removeprefix('sqlite:///')}")
     try:
         store = open_frontier(uri, **({"redis_params": params} if params else {}))
     except UnsuitableStore as exc:
@@ -54,6 +53,12 @@ def open_store(uri: str, settings: Any, *, existing: bool = False) -> Iterator[F
         raise SystemExit(f"{exc}{hint}") from None
     except UnsuitableStore as exc:  # found damaged once read
         raise SystemExit(str(exc)) from None
+
+
+def missing_store(uri: str) -> bool:
+    """Whether ``uri`` names an SQLite file that is not there."""
+    path = uri.removeprefix("sqlite:///")
+    return uri.startswith("sqlite:///") and path not in ("", ":memory:") and not Path(path).is_file()
 
 
 def dump_lines(store: Frontier, sites: Iterable[str]) -> Iterator[dict[str, Any]]:

@@ -26,7 +26,7 @@ from scrapy.exceptions import UsageError
 
 from vertical.budget import ALLOWANCE_KEY, draw
 from vertical.commandline import VerticalCommand
-from vertical.commands.frontier_export import open_store
+from vertical.commands.frontier_export import missing_store, open_store
 from vertical.policies.refetch import OptimalSchedule
 from vertical.sitemaps import readings
 from vertical.status import format_duration, render, sitemap_summary, summarize
@@ -103,18 +103,26 @@ class Command(VerticalCommand):
         # The crawl's clock: a replay "later" sees what that crawl would see.
         now = time.time() + self.settings.getfloat("VERTICAL_TIME_OFFSET")
         uri = opts.store or self.settings["VERTICAL_STORE"]
-        with open_store(uri, self.settings, existing=True) as store:
-            found = processes(store, [args[0]] if args else store.sites())
-            clock = store.clock() if hasattr(store, "clock") else time.time()
-            if args and args[0] not in store.sites():
-                print(f"vertical-status: no records of site {args[0]!r} in {uri}", file=sys.stderr)
-                self.exitcode = 1
-                return
-            # Leases on the store's clock, as the store judges them.
-            sites = [args[0]] if args else store.sites()
-            budgets = {site: _budget(store, site, now) for site in sites}
-            sitemaps = {site: _sitemaps(store.all_meta(site), now) for site in sites}
-            summary = summarize(store.iter_records(args[0] if args else None), now, store.clock(), budgets, sitemaps)
+        summary: dict[str, Any] = {}
+        found: dict[str, list[dict[str, Any]]] = {}
+        clock = time.time()
+        # The default store of a folder where no crawl has run yet: no records,
+        # and nothing made. A store named with --store must be there.
+        if opts.store or not missing_store(uri):
+            with open_store(uri, self.settings, existing=True) as store:
+                found = processes(store, [args[0]] if args else store.sites())
+                clock = store.clock() if hasattr(store, "clock") else time.time()
+                sites = [] if args and args[0] not in store.sites() else [args[0]] if args else store.sites()
+                # Leases on the store's clock, as the store judges them.
+                budgets = {site: _budget(store, site, now) for site in sites}
+                sitemaps = {site: _sitemaps(store.all_meta(site), now) for site in sites}
+                if sites:
+                    summary = summarize(store.iter_records(args[0] if args else None), now, store.clock(), budgets,
+                                        sitemaps)
+        if args and not summary:
+            print(f"vertical-status: no records of site {args[0]!r} in {uri}", file=sys.stderr)
+            self.exitcode = 1
+            return
         if opts.json:
             print(json.dumps({"store": uri, "now": now, "sites": summary, "processes": found}, indent=1))
         elif not summary:
