@@ -125,6 +125,11 @@ class FieldError(Exception):
         self.document, self.field, self.problem = document, field, problem
 
 
+#: What evaluating a valid XPath can raise on a page (an unknown function
+#: called there, nodes parsel cannot wrap, a selector type without XPath).
+_EVALUATION_ERRORS = (ValueError, TypeError, etree.Error)
+
+
 class _TooLarge(Exception):
     """A record's values went over their share of the page (:data:`AMPLIFICATION`)."""
 
@@ -238,7 +243,7 @@ def _fields(rule: DocumentRule, context: Selector, source: Callable[[], str],
             value = fields[name] = extract_field(spec, context, source, room - used)
         except _TooLarge:
             raise _TooLarge(f"{name!r} takes the page's values past {AMPLIFICATION} times its size") from None
-        except (ValueError, TypeError, etree.Error, TimeoutError) as exc:
+        except (*_EVALUATION_ERRORS, TimeoutError) as exc:
             raise FieldError(rule.name, name, _problem(exc)) from exc
         used += len(value) if isinstance(value, str) else sum(map(len, value)) if isinstance(value, list) else 0
     return fields, used
@@ -247,7 +252,7 @@ def _fields(rule: DocumentRule, context: Selector, source: Callable[[], str],
 def _select(document: str, field: str, context: Selector, xpath: str) -> list[Selector]:
     try:
         return context.xpath(xpath)
-    except (ValueError, TypeError, etree.Error) as exc:
+    except _EVALUATION_ERRORS as exc:
         raise FieldError(document, field, _problem(exc)) from exc
 
 

@@ -186,10 +186,11 @@ class Command(VerticalCommand):
         if opts.to == source_uri:
             raise UsageError("--to names the store being read")
         with open_store(source_uri, self.settings, existing=True) as source:
-            if missing := [site for site in opts.site if site not in source.sites()]:
+            known = source.sites()
+            if missing := [site for site in opts.site if site not in known]:
                 raise UsageError(f"no records of site {', '.join(map(repr, missing))} in {source_uri} (its sites: "
-                                 f"{', '.join(source.sites()) or 'none'})")
-            sites = opts.site or source.sites()
+                                 f"{', '.join(known) or 'none'})")
+            sites = opts.site or known
             lines = dump_lines(source, sites)
             if opts.to:
                 with open_store(opts.to, self.settings) as target:

@@ -110,9 +110,10 @@ class Command(VerticalCommand):
         # and nothing made. A store named with --store must be there.
         if opts.store or not missing_store(uri):
             with open_store(uri, self.settings, existing=True) as store:
-                found = processes(store, [args[0]] if args else store.sites())
+                known = store.sites()
+                sites = ([args[0]] if args[0] in known else []) if args else known
+                found = processes(store, sites)
                 clock = store.clock() if hasattr(store, "clock") else time.time()
-                sites = [] if args and args[0] not in store.sites() else [args[0]] if args else store.sites()
                 # Leases on the store's clock, as the store judges them.
                 budgets = {site: _budget(store, site, now) for site in sites}
                 sitemaps = {site: _sitemaps(store.all_meta(site), now) for site in sites}
