@@ -174,12 +174,16 @@ class LossyProxy:
     bytes of one, the proxy reads the server's reply, drops it and closes
     the client's connection: what a client sees when the network fails
     between a command that ran and its reply (a reset connection, a load
-    balancer's idle timeout, a failover). ``lost`` counts the replies lost.
+    balancer's idle timeout, a failover). ``lost`` counts the replies lost;
+    ``meanwhile``, when given, is called after the command ran and before
+    the client sees its connection close (another client's write).
     """
 
-    def __init__(self, upstream_port: int, lose: Callable[[bytes], bool]) -> None:
+    def __init__(self, upstream_port: int, lose: Callable[[bytes], bool],
+                 meanwhile: Callable[[], object] | None = None) -> None:
         self.upstream_port = upstream_port
         self.lose = lose
+        self.meanwhile = meanwhile
         self.lost = 0
         self._count = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -223,6 +227,8 @@ class LossyProxy:
                 if dropping.is_set():
                     with self._count:
                         self.lost += 1
+                    if self.meanwhile is not None:
+                        self.meanwhile()
                     break
                 client.sendall(data)
         except OSError:

@@ -496,6 +496,28 @@ def test_redis_replies_lost_on_the_wire_keep_their_promises(redis_server, redis_
         assert proxy.lost == 5 and store.get_meta(SITE, "n") == 1
 
 
+def test_redis_update_meta_retried_after_a_lost_reply_returns_its_own_write(redis_server, redis_url):
+    """A draw from the budget's allowance whose EXEC ran and whose reply was
+    lost returns what it drew, not what the key holds when it retries:
+    another process may have drawn in between, and taking that draw for its
+    own, the process would spend fetches the allowance never gave it."""
+    from vertical.budget import ALLOWANCE_KEY, draw
+
+    def lose(command: bytes) -> bool:
+        return b"EXEC" in command and proxy.lost == 0
+
+    def other_draws() -> None:  # after the first's EXEC ran, before it retries
+        b.update_meta(SITE, ALLOWANCE_KEY, lambda v: draw(v, want=30, now=NOW, per_day=10_000.0))
+
+    with LossyProxy(redis_server.port, lose, meanwhile=other_draws) as proxy, \
+            open_frontier(proxy.url(redis_url)) as a, open_frontier(redis_url) as b:
+        b.update_meta(SITE, ALLOWANCE_KEY, lambda _: {"tokens": 40.0, "at": NOW, "drawn": 0.0})
+        got = a.update_meta(SITE, ALLOWANCE_KEY, lambda v: draw(v, want=5, now=NOW, per_day=10_000.0))
+        assert proxy.lost == 1
+        assert b.get_meta(SITE, ALLOWANCE_KEY)["tokens"] == 5  # both drew
+        assert got["drawn"] == 5
+
+
 def test_a_full_redis_holds_each_write_until_it_has_room():
     """Redis at its maxmemory under ``noeviction`` refuses the commands that
     add data (a script, at its first write; a MULTI, whole). A store call it

@@ -1864,14 +1864,16 @@ class RedisFrontier(Frontier):
                     try:
                         pipe.watch(meta)
                         raw = pipe.hget(meta, key)
-                        if again and pipe.exists(ticket):
+                        if again and (written := pipe.get(ticket)) is not None:
                             # Our EXEC ran and its reply was lost: not twice.
+                            # What it wrote, not what the key holds now: another
+                            # process may have drawn since.
                             pipe.unwatch()
-                            return None if raw is None else json.loads(raw)
+                            return json.loads(written)
                         value = fn(None if raw is None else json.loads(raw))
                         pipe.multi()
                         pipe.hset(meta, key, json.dumps(value))
-                        pipe.set(ticket, 1, ex=math.ceil(self.patience) + 60)  # outlives the retries
+                        pipe.set(ticket, json.dumps(value), ex=math.ceil(self.patience) + 60)  # outlives the retries
                         pipe.execute()
                         return value
                     except redis.WatchError:
