@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoResponse, DemoSite
 from vertical.frontier import open_frontier
-from vertical.budget import ALLOWANCE_KEY, PACE_BURST, BudgetPacer, RunAllowance, draw
+from vertical.budget import ALLOWANCE_KEY, PACE_BURST, RunAllowance, draw, pace_burst
 
 START = {"start_urls": ["http://a.example/"]}
 DAY = 86400.0
@@ -46,41 +47,88 @@ def test_bad_budget(value, problem):
         parse_site({**START, "refetch": {"budget": value}})
 
 
-def test_pacer_spends_the_budget_plus_one_burst_in_any_window():
-    per_day = 8640.0  # 0.1 a second
-    pacer = BudgetPacer(per_day, now=1000.0)
-    taken, t = 0, 1000.0
-    while t < 1000.0 + DAY / 4:  # ask every 0.5 s for six hours
-        if pacer.ready(t):
-            pacer.spend()
-            taken += 1
-        t += 0.5
-    assert taken <= per_day / 4 + pacer.burst
-    assert taken >= per_day / 4 - 1  # and it does spend what it has
-    assert pacer.burst == pytest.approx(0.1 * PACE_BURST)
+def most_in_a_window(times: list[float], window: float) -> int:
+    """The most of ``times`` (sorted) that fall in any window of ``window`` seconds."""
+    most, first = 0, 0
+    for last, t in enumerate(times):
+        while times[first] < t - window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
 
-def test_pacer_bursts_at_least_one_fetch_and_never_stores_more():
-    pacer = BudgetPacer(10.0, now=0.0)  # one fetch every 2.4 h
-    assert pacer.burst == 1.0
-    assert pacer.ready(0.0)
-    pacer.spend()
-    assert not pacer.ready(DAY / 10 - 1)
-    # A week idle buys one fetch, not seventy.
-    assert pacer.ready(7 * DAY)
-    pacer.spend()
-    assert not pacer.ready(7 * DAY + 1)
+def pace_bound(per_day: float, window: float) -> float:
+    """What the site's paced processes may start in any window of ``window``
+    seconds: the pace bucket, and the budget's share of the window and of
+    how long a process may hold what it drew."""
+    return pace_burst(per_day) + per_day / DAY * (window + RunAllowance.hold)
 
 
-def test_pacer_shares_the_budget_from_the_moment_it_is_told():
-    pacer = BudgetPacer(8640.0, now=0.0)  # 0.1 a second, a burst of one
-    pacer.spend()
-    pacer.share(2, now=5.0)  # half a token accrued at the whole rate
-    assert pacer.rate == pytest.approx(0.05) and pacer.processes == 2
-    assert not pacer.ready(14.9)  # then 0.05 a second: 0.5 + 0.495
-    assert pacer.ready(15.1)
-    pacer.share(1, now=15.1)  # alone again: the whole budget
-    assert pacer.rate == pytest.approx(0.1)
+@pytest.mark.parametrize("per_day", [8640.0, 86400.0, 864000.0])
+def test_paced_processes_together_keep_one_pace_however_they_start_and_stop(per_day):
+    """Processes of a continuous crawl drawing from one stored state (as
+    the store's update_meta runs :func:`draw`), each spending what it holds
+    at moments of its own: at once, or as late as it may before giving it
+    back. Processes start, are killed (losing what they hold) and start
+    again. In any window, the fetches they start together stay within one
+    pace; it used to be one per process, and a new one at every start."""
+    rng = random.Random(per_day)
+    stored = None
+    spent: list[float] = []
+    runs = [RunAllowance(per_day, batch=256, waits=True, paced=True) for _ in range(3)]
+    t = 0.0
+    while t < 600:
+        t += rng.expovariate(20.0)
+        i = rng.randrange(len(runs))
+        run = runs[i]
+        if rng.random() < 0.01:  # killed, and started again
+            runs[i] = RunAllowance(per_day, batch=256, waits=True, paced=True)
+        elif run.stale(t):
+            stored = draw(stored, -run.held, t, per_day, paced=True)
+            run.held = 0.0
+        elif run.held >= 1 and (rng.random() < 0.5 or t - run.held_at > run.hold - 0.1):
+            run.held -= 1
+            spent.append(t)
+        elif run.wants(t):
+            stored = draw(stored, run.chunk, t, per_day, paced=True)
+            run.drawn(stored, t)
+    assert spent
+    for window in (1.0, 5.0, 10.0, 60.0):
+        assert most_in_a_window(spent, window) <= pace_bound(per_day, window)
+    # Not for want of spending: the pace was used.
+    assert len(spent) >= 0.8 * per_day / DAY * 600
+
+
+def test_the_pace_holds_at_least_one_fetch_and_fills_at_the_budget_rate():
+    per_day = 10.0  # one fetch every 2.4 h
+    assert pace_burst(per_day) == 1.0
+    first = draw(None, 5, 0.0, per_day, paced=True)
+    assert first["drawn"] == 1  # the day's allowance holds 10; the pace one
+    assert draw(first, 5, DAY / 10 - 1, per_day, paced=True)["drawn"] == 0
+    later = draw(first, 5, 7 * DAY, per_day, paced=True)
+    assert later["drawn"] == 1 and later["pace"] == 0  # a week idle: still one
+    # Runs of the other modes draw from the allowance alone, and leave the pace.
+    cron = draw(first, 5, 0.0, per_day)
+    assert cron["drawn"] == 5 and cron["pace"] == first["pace"]
+
+
+def test_a_paced_run_gives_back_what_it_held_too_long():
+    run = RunAllowance(86400.0, batch=256, waits=True, paced=True)
+    assert run.chunk == pace_burst(86400.0) == 5
+    assert run.wants(0.0)
+    run.drawn({"tokens": 100.0, "at": 0.0, "drawn": 5.0, "pace": 0.0}, 0.0)
+    assert not run.wants(1.0)  # it draws only when it holds nothing
+    assert not run.stale(run.hold)
+    assert run.stale(run.hold + 0.1)
+    run.held = 0.0
+    run.drawn({"tokens": 100.0, "at": 6.0, "drawn": 0.0, "pace": 0.4}, 6.0)
+    assert run.paced_out and not run.exhausted  # the pace, not the day, is out
+    assert not run.wants(6.5) and run.wants(6.6)  # 0.6 s for a whole fetch
+
+
+def test_an_allowance_stored_before_the_pace_was_starts_a_full_pace():
+    state = draw({"tokens": 50.0, "at": 0.0, "drawn": 1.0}, 10, 0.0, 86400.0, paced=True)
+    assert state["drawn"] == 5 and state["pace"] == 0 and state["tokens"] == 45
 
 
 def run_continuous(config, store, workdir, until, seconds: float, settings=None) -> tuple[int, float]:
@@ -100,12 +148,10 @@ def run_continuous(config, store, workdir, until, seconds: float, settings=None)
 def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
     """A site of 300 films that the crawl could fetch in seconds; a budget of
     43,200 fetches a day (one every 2 s). Whatever the crawl's window, the
-    pages the server answers are at most one burst plus the budget's share of
-    that window (the window bounds the crawl's own clock: it is measured
-    around the process). Politeness alone would allow 2 a second per slot."""
+    pages the server answers are at most one pace's worth of that window
+    (the window bounds the crawl's own clock: it is measured around the
+    process). Politeness alone would allow 2 a second per slot."""
     per_day = 43200.0
-    rate = per_day / DAY
-    burst = max(1.0, rate * PACE_BURST)
     with serve(DemoSite(seed=0, films=300)) as server:
         site = site_file(tmp_path, server.url, politeness={"delay": 0.0, "concurrency": 2},
                          refetch={"budget": f"{per_day:g}/d"})
@@ -113,12 +159,13 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
         pages = lambda: [r for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
         # Past the first burst, and then some (the pacing is what we watch),
         # then long enough for an unpaced crawl to take the whole site.
-        returncode, window = run_continuous(site, store, tmp_path, lambda: len(pages()) >= burst + 3, 5,
+        returncode, window = run_continuous(site, store, tmp_path,
+                                            lambda: len(pages()) >= pace_burst(per_day) + 3, 5,
                                             settings={"VERTICAL_TIME_OFFSET": DAY})
         assert returncode == 0
         fetched = len(pages())
-        print(f"{fetched} pages in {window:.1f}s; bound {burst + rate * window:.1f}")
-        assert fetched <= burst + rate * window
+        print(f"{fetched} pages in {window:.1f}s; bound {pace_bound(per_day, window):.1f}")
+        assert fetched <= pace_bound(per_day, window)
         # Not for want of pages: most of the site is still unfetched.
         assert fetched < 100
 
@@ -141,42 +188,44 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
     assert f"of a budget of {per_day:g} a day" in text
 
 
-def test_continuous_crawl_processes_share_one_budget(tmp_path):
-    """Two continuous processes of one site spend one budget between them,
-    not one each: each paces at its share of the live processes (counted at
-    every heartbeat). Measured at the server once both have spent their
-    first burst: the pages answered in a window of ``t`` seconds are the
-    budget's share of it, give or take a fetch per process."""
-    per_day = 43200.0
-    rate = per_day / DAY
-    burst = max(1.0, rate * PACE_BURST)
-    with serve(DemoSite(seed=0, films=300)) as server:
+def test_continuous_crawl_processes_share_one_pace_however_they_start(tmp_path):
+    """Three continuous processes of one site started together, one of them
+    killed and started again twice: counted at the server, the pages they
+    fetch between the first start and the last stop are one pace's worth,
+    the pace bucket and the budget's share of that time. Each used to start
+    with a burst of its own and pace the whole budget until its first
+    heartbeat counted the others."""
+    per_day = 86400.0
+    with serve(LibrarySite(documents=2000)) as server:
         store = tmp_path / "f.sqlite3"
         (tmp_path / "first").mkdir()
-        crawl(site_file(tmp_path / "first", server.url, politeness={"delay": 0.0, "concurrency": 2}), store,
-              tmp_path, tag="0")  # every page once: a day later all are due
+        crawl(_library(tmp_path / "first", server.url, 10**7), store, tmp_path, tag="first",
+              settings={"VERTICAL_MAX_PAGES": 600})
         server.clear_log()
-        # A politeness delay that keeps each process's claims to a share of
-        # the site (a queue holds 30 s of fetches), so that both have work.
-        site = site_file(tmp_path, server.url, politeness={"delay": 0.5, "concurrency": 2},
-                         refetch={"budget": f"{per_day:g}/d"})
-        settings = {"VERTICAL_TIME_OFFSET": 2 * DAY, "VERTICAL_HEARTBEAT": 1}
-        procs = [start_crawl(site, store, tmp_path / f"p{i}", args={"mode": "continuous"}, settings=settings)
-                 for i in range(2)]
+        config = _library(tmp_path, server.url, int(per_day))
+        settings = {"VERTICAL_TIME_OFFSET": 2 * DAY}  # every page fetched is due again
+        pages = lambda: [r for r in server.requests if r["path"].startswith("/doc/")]  # noqa: E731
+        began = time.time()
+        procs = [start_crawl(config, store, tmp_path / f"p{i}", args={"mode": "continuous"}, settings=settings)
+                 for i in range(3)]
         try:
-            pages = lambda: [r for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
-            wait_for(lambda: len(pages()) >= 2 * burst + 3, timeout=120)
-            begun, before = time.time(), len(pages())
-            time.sleep(3 * PACE_BURST)
-            ended, after = time.time(), len(pages())
+            for restart in range(2):
+                before = len(pages())
+                wait_for(lambda: len(pages()) > before, timeout=120)
+                kill(procs[0])
+                procs[0] = start_crawl(config, store, tmp_path / f"r{restart}", args={"mode": "continuous"},
+                                       settings=settings)
+            time.sleep(PACE_BURST)
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
             for proc in procs:
                 proc.wait(timeout=60)
-        assert [proc.returncode for proc in procs] == [0, 0]
-        print(f"{after - before} pages in {ended - begun:.1f}s; the budget's share {rate * (ended - begun):.1f}")
-        assert after - before <= rate * (ended - begun) + 2
+        ended = time.time()
+        assert [proc.returncode for proc in procs[1:]] == [0, 0]
+    fetched = len(pages())
+    print(f"{fetched} pages in {ended - began:.1f}s; one pace allows {pace_bound(per_day, ended - began):.1f}")
+    assert 0 < fetched <= pace_bound(per_day, ended - began)
 
 
 def test_a_budget_above_politeness_is_capped_and_said(tmp_path):
@@ -193,7 +242,7 @@ def test_a_budget_above_politeness_is_capped_and_said(tmp_path):
 
 def test_allowance_starts_with_a_day_and_fills_at_the_budget_rate():
     state = draw(None, 10, now=1000.0, per_day=24.0)  # none stored yet: a full day
-    assert state == {"tokens": 14.0, "at": 1000.0, "drawn": 10.0}
+    assert state == {"tokens": 14.0, "at": 1000.0, "drawn": 10.0, "pace": 1.0}
     state = draw(state, 30, now=1000.0 + 3600.0, per_day=24.0)  # an hour later: one more
     assert state["drawn"] == 15.0 and state["tokens"] == pytest.approx(0.0)
     # Whole fetches only: half an hour accrues half of one.
@@ -226,7 +275,7 @@ def test_allowance_is_a_pure_function_of_what_is_stored():
     assert draw(stored, 2, now=60.0, per_day=240.0) == draw(stored, 2, now=60.0, per_day=240.0)
     assert stored == {"tokens": 3.5, "at": 50.0, "drawn": 1.0}
     # Something else under the key (a hand-edited store): a full day again.
-    assert draw("junk", 1, now=0.0, per_day=10.0) == {"tokens": 9.0, "at": 0.0, "drawn": 1.0}
+    assert draw("junk", 1, now=0.0, per_day=10.0) == {"tokens": 9.0, "at": 0.0, "drawn": 1.0, "pace": 1.0}
 
 
 def test_a_run_draws_a_hundredth_of_a_day_at_a_time():
@@ -371,7 +420,7 @@ def test_a_continuous_crawl_draws_from_the_same_allowance(tmp_path):
     """A cron-style run spent the day's allowance: a continuous crawl of the
     site started at once waits for it to fill (a fetch an hour) instead of
     spending a budget of its own. Counted at the server over seconds in
-    which its pacer alone would allow one fetch."""
+    which its pace alone would allow one fetch."""
     per_day = 24
     with serve(LibrarySite()) as server:
         config = _library(tmp_path, server.url, per_day)
@@ -425,7 +474,6 @@ def test_a_continuous_crawl_spends_idle_budget_on_the_pages_due_soonest(tmp_path
     it fetches none, nor does it fetch a page sooner than `refetch.min` after
     the last fetch. Counted at the server, on each store backend."""
     per_day = 86400.0  # one a second: the site would last 30 s
-    rate, burst = per_day / DAY, max(1.0, per_day / DAY * PACE_BURST)
     with serve(LibrarySite(documents=30)) as server:
         refetch = {"schedule": "fixed", "initial": "2d", "min": "1h", "max": "30d", "budget": f"{per_day:g}/d",
                    **keys}
@@ -444,8 +492,33 @@ def test_a_continuous_crawl_spends_idle_budget_on_the_pages_due_soonest(tmp_path
     fetched = len(docs())
     print(f"{keys} {later:g}s later: {fetched} documents in {window:.1f}s")
     if early:
-        assert 5 <= fetched <= burst + rate * window
+        assert 5 <= fetched <= pace_bound(per_day, window)
         stats = json.loads((tmp_path / "continuous" / "stats.json").read_text())
         assert stats["vertical/scheduler/claimed_early"] >= fetched
     else:
         assert fetched == 0
+
+
+class FailingLibrary(LibrarySite):
+    """The library whose documents all answer 500."""
+
+    def render(self, path, host="", headers=None, step=None):
+        if path.startswith("/doc/"):
+            return DemoResponse(500, {"Content-Type": "text/html"}, b"<h1>Internal error</h1>")
+        return super().render(path, host, headers, step)
+
+
+def test_a_continuous_crawl_spends_no_idle_budget_on_pages_that_fail(tmp_path):
+    """Pages that answer 500 wait out their failure backoff (an hour, then
+    two...), idle budget or not: a continuous crawl with the pace to spare
+    asked each of them again at every idle claim (3 requests with Scrapy's
+    retries, every second). Counted at the server: each document once."""
+    with serve(FailingLibrary(documents=3)) as server:
+        config = _library(tmp_path, server.url, 86400)
+        docs = lambda: [r["path"] for r in server.requests if r["path"].startswith("/doc/")]  # noqa: E731
+        returncode, _ = run_continuous(config, tmp_path / "f.sqlite3", tmp_path / "continuous",
+                                       lambda: len(set(docs())) == 3, 10)
+    assert returncode == 0
+    asked = {path: docs().count(path) for path in set(docs())}
+    print(asked)
+    assert asked == {f"/doc/{i}": 3 for i in range(3)}  # the fetch and Scrapy's two retries

@@ -754,6 +754,21 @@ def test_claim_fetched_before_takes_each_url_once_per_run(frontier):
     assert fps(got) == {rec(1).fingerprint, rec(4).fingerprint}
 
 
+def test_claim_planned_takes_only_records_waiting_out_their_refetch_delay(frontier):
+    """What a continuous crawl claims early: records on their schedule, not
+    those waiting out a failure's backoff or a recheck, nor new ones."""
+    planned = fetched(1, ago=DAY, refetch_delay=DAY + HOUR, due_in=HOUR)
+    failing = fetched(2, ago=DAY, refetch_delay=2 * DAY, due_in=HOUR)  # a backoff, not its delay
+    parked = fetched(3, ago=DAY, refetch_delay=DAY, due_in=HOUR, state=FORBIDDEN)
+    frontier.save([planned, failing, parked, rec(4, next_fetch=NOW)])
+    assert planned.next_fetch == planned.fetch_time + planned.refetch_delay
+    ahead = NOW + 2 * HOUR
+    assert frontier.next_due(SITE, ahead, planned=True) == NOW + HOUR
+    assert fps(claim(frontier, now=ahead, planned=True)) == {planned.fingerprint}
+    assert frontier.next_due(SITE, ahead, planned=True) > ahead  # only the leased one
+    assert fps(claim(frontier, now=ahead)) == {failing.fingerprint, parked.fingerprint, rec(4).fingerprint}
+
+
 def test_claim_limit(frontier):
     frontier.add([rec(i) for i in range(10)])
     assert claim(frontier, limit=0) == []

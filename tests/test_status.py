@@ -90,6 +90,20 @@ def test_summary_per_site_and_host(frontier):
     assert list(both) == ["books", "movies"]
 
 
+def test_the_spend_counts_fetches_that_failed():
+    """A fetch that failed cost the budget as one that did not: a page never
+    fetched whose last try failed an hour ago counts in the day's spend, one
+    that failed two days ago does not."""
+    records = [
+        rec(1, state=FETCHED, visits=2, fetch_time=NOW - HOUR, refetch_delay=DAY),
+        rec(2, state=NEW, extra={"failures": 3, "failed_at": NOW - HOUR}),
+        rec(3, state=FETCHED, visits=1, fetch_time=NOW - 5 * DAY, refetch_delay=DAY,
+            extra={"failures": 1, "failed_at": NOW - 2 * HOUR}),
+        rec(4, state=NEW, extra={"failures": 1, "failed_at": NOW - 2 * DAY}),
+    ]
+    assert summarize(records, NOW)["movies"]["total"]["fetched_day"] == 3
+
+
 def test_table_names_hosts_traps_and_lease_holders():
     summary = summarize(fixture_records(), NOW)
     text = render(summary, NOW)

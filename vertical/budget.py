@@ -9,9 +9,12 @@
   A process holds a little of it at a time (:class:`RunAllowance`). Over
   any ``t`` seconds the site's processes together make at most a day's
   budget plus ``per_day * t / 86400`` fetches.
-* A continuous crawl also paces itself (:class:`BudgetPacer`): a day's
-  allowance would otherwise go at politeness speed, and its fetches are
-  spread over the day instead.
+* A continuous crawl also paces itself: a day's allowance would otherwise
+  go at politeness speed, and its fetches are spread over the day instead.
+  The pace is a second bucket in the same stored state, holding a few
+  seconds of the budget: the site's continuous processes draw from it
+  together, so that however many run, start or restart, the site's pace is
+  one.
 
 Both are pure: the scheduler keeps the clock and the store calls.
 """
@@ -21,63 +24,23 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ALLOWANCE_KEY", "PACE_BURST", "BudgetPacer", "RunAllowance", "draw"]
+__all__ = ["ALLOWANCE_KEY", "PACE_BURST", "RunAllowance", "draw", "pace_burst"]
 
 DAY = 86400.0
 #: A paced crawl may spend this many seconds of its budget at once: enough
 #: to bridge the engine's polls (every 5 s while nothing else wakes it).
+#: Half of it is the pace bucket's size, the other half how long a process
+#: may hold what it drew from it (:attr:`RunAllowance.hold`).
 PACE_BURST = 10.0
 #: Site meta: the allowance, ``{"tokens": fetches left, "at": as of when,
-#: "drawn": what the last draw took}``.
+#: "drawn": what the last draw took, "pace": the pace bucket's fetches}``.
 ALLOWANCE_KEY = "allowance"
 
 
-class BudgetPacer:
-    """A token bucket that keeps spending within ``per_day`` fetches a day.
-
-    Tokens accrue at ``per_day / 86400`` a second of the caller's clock (the
-    scheduler's due clock, so ``VERTICAL_TIME_OFFSET`` replays pace alike) up
-    to ``burst`` (at least one fetch). The bucket starts full, so in any
-    window of ``t`` seconds at most ``burst + per_day * t / 86400`` fetches
-    are taken: within a day, the budget plus one burst. A site crawled by
-    ``n`` processes paces ``per_day / n`` in each (:meth:`share`).
-    """
-
-    def __init__(self, per_day: float, now: float, burst_seconds: float = PACE_BURST) -> None:
-        self.per_day = per_day
-        self.burst_seconds = burst_seconds
-        self.processes = 1
-        self.rate = per_day / 86400.0
-        self.burst = max(1.0, self.rate * burst_seconds)
-        self.tokens = self.burst
-        self._at = now
-
-    def share(self, processes: int, now: float) -> None:
-        """Pace ``1 / processes`` of the budget from ``now`` on: the site's
-        live continuous processes share one pace, each keeping its part."""
-        processes = max(1, processes)
-        if processes == self.processes:
-            return
-        self.ready(now)  # what accrued until now, at the old rate
-        self.processes = processes
-        self.rate = self.per_day / processes / 86400.0
-        self.burst = max(1.0, self.rate * self.burst_seconds)
-        self.tokens = min(self.tokens, self.burst)
-
-    def ready(self, now: float) -> bool:
-        """Whether a fetch may be taken now (spend it with :meth:`spend`)."""
-        if now > self._at:
-            self.tokens = min(self.burst, self.tokens + (now - self._at) * self.rate)
-            self._at = now
-        return self.tokens >= 1.0
-
-    def spare(self, now: float) -> int:
-        """How many fetches may be taken now."""
-        self.ready(now)
-        return int(self.tokens)
-
-    def spend(self) -> None:
-        self.tokens -= 1.0
+def pace_burst(per_day: float) -> float:
+    """The pace bucket's size: half of :data:`PACE_BURST` seconds of the
+    budget, at least one fetch."""
+    return max(1.0, per_day / DAY * PACE_BURST / 2)
 
 
 class RunAllowance:
@@ -90,19 +53,38 @@ class RunAllowance:
 
     A run that finds the allowance empty ends once it has spent what it
     holds (:attr:`exhausted`); one that ``waits`` (a continuous crawl)
-    draws again when a fetch has accrued."""
+    draws again when a fetch has accrued.
 
-    def __init__(self, per_day: float, batch: int, waits: bool = False) -> None:
+    A ``paced`` run (a continuous crawl) draws from the pace too, at most
+    the pace bucket at a time and only when it holds nothing, and gives back
+    what it has held for :attr:`hold` seconds without spending it: the pace
+    bucket holds half a burst and a draw is spent within the other half, so
+    in any window of ``t`` seconds the site's paced processes together start
+    at most ``pace_burst(per_day) + per_day * (t + hold) / 86400`` fetches
+    (from 17,280 a day up, :data:`PACE_BURST` seconds of the budget plus
+    ``per_day * t / 86400``), whether they started together, restarted or
+    ran for days."""
+
+    #: Seconds a paced run may hold what it drew from the pace.
+    hold = PACE_BURST / 2
+
+    def __init__(self, per_day: float, batch: int, waits: bool = False, paced: bool = False) -> None:
         self.per_day = per_day
         self.waits = waits
+        self.paced = paced
         # A hundredth of a day's budget (within a claim batch): a store call
         # per fetch on a small budget, few on a large one.
         self.chunk = max(1, min(batch, math.floor(per_day / 100)))
+        if paced:
+            self.chunk = max(1, min(self.chunk, math.floor(pace_burst(per_day))))
         self.held = 0.0
+        self.held_at = 0.0
         self.drawing = False
         #: A draw found the allowance empty: take no more (until ``retry_at``
         #: when the run waits).
         self.spent = False
+        #: The last draw found the day's allowance there and the pace empty.
+        self.paced_out = False
         self.retry_at = 0.0
 
     @property
@@ -111,43 +93,69 @@ class RunAllowance:
         return self.spent and self.held < 1 and not self.waits
 
     def wants(self, now: float) -> bool:
-        """Whether to draw now: the run holds less than half a chunk."""
+        """Whether to draw now: the run holds less than half a chunk (paced:
+        nothing)."""
         if self.spent and self.waits and now >= self.retry_at:
             self.spent = False
-        return not (self.drawing or self.spent) and self.held < max(1.0, self.chunk / 2)
+        least = 1.0 if self.paced else max(1.0, self.chunk / 2)
+        return not (self.drawing or self.spent) and self.held < least
+
+    def stale(self, now: float) -> bool:
+        """Whether a paced run has held fetches too long: they go back to the
+        allowance (not to the pace), so that fetches drawn apart are not
+        spent together."""
+        return self.paced and not self.drawing and self.held >= 1 and now - self.held_at > self.hold
 
     def drawn(self, state: dict[str, float], now: float) -> float:
         """Take in the store's answer to a draw made at ``now``; returns the
         fetches drawn."""
         self.held += state["drawn"]
+        self.held_at = now
+        self.paced_out = False
         if not state["drawn"]:
             self.spent = True
+            tokens = state["tokens"]
+            if self.paced and tokens >= 1:
+                self.paced_out, tokens = True, state.get("pace", 0.0)
             # When the next whole fetch will have accrued.
-            self.retry_at = now + max(0.0, 1.0 - state["tokens"]) * DAY / max(self.per_day, 1e-9)
+            self.retry_at = now + max(0.0, 1.0 - tokens) * DAY / max(self.per_day, 1e-9)
         return state["drawn"]
 
 
-def draw(stored: Any, want: float, now: float, per_day: float) -> dict[str, float]:
+def draw(stored: Any, want: float, now: float, per_day: float, paced: bool = False) -> dict[str, float]:
     """The allowance after taking up to ``want`` fetches at ``now`` (a
     negative ``want`` gives fetches back): what the store should hold, with
     the whole fetches taken in ``"drawn"``.
 
-    ``stored`` is what the store held (None at first: a full day's budget).
-    Tokens accrue at ``per_day / 86400`` a second since ``"at"``, up to
-    ``per_day``; the clock never runs back, so processes whose clocks differ
-    (``VERTICAL_TIME_OFFSET``) do not count the same seconds twice. For the
-    store's ``update_meta``: pure, and the same answer when called again."""
-    cap = max(per_day, 1.0)
+    ``stored`` is what the store held (None at first: a full day's budget
+    and a full pace). Tokens accrue at ``per_day / 86400`` a second since
+    ``"at"``, up to ``per_day`` in the allowance and :func:`pace_burst` in
+    the pace; the clock never runs back, so processes whose clocks differ
+    (``VERTICAL_TIME_OFFSET``) do not count the same seconds twice. A
+    ``paced`` draw takes from both; fetches given back go to the allowance
+    only. For the store's ``update_meta``: pure, and the same answer when
+    called again."""
+    cap, pace_cap = max(per_day, 1.0), pace_burst(per_day)
     try:
         tokens, at = float(stored["tokens"]), float(stored["at"])
     except (TypeError, KeyError, ValueError):
         tokens, at = cap, now  # none yet (or not ours): a full day
+    try:
+        pace = float(stored["pace"])
+    except (TypeError, KeyError, ValueError):
+        pace = pace_cap  # a store from before the pace was kept in it
     if not (math.isfinite(tokens) and math.isfinite(at)):
         tokens, at = cap, now
+    if not math.isfinite(pace):
+        pace = pace_cap
     if now > at:
-        tokens, at = tokens + (now - at) * per_day / DAY, now
-    tokens = min(tokens, cap)
-    drawn = float(min(max(want, 0.0), math.floor(max(tokens, 0.0))))
+        accrued = (now - at) * per_day / DAY
+        tokens, pace, at = tokens + accrued, pace + accrued, now
+    tokens, pace = min(tokens, cap), min(pace, pace_cap)
+    room = math.floor(max(tokens, 0.0))
+    if paced:
+        room = min(room, math.floor(max(pace, 0.0)))
+    drawn = float(min(max(want, 0.0), room))
     if want < 0:
         tokens = min(cap, tokens - want)
-    return {"tokens": tokens - drawn, "at": at, "drawn": drawn}
+    return {"tokens": tokens - drawn, "at": at, "drawn": drawn, "pace": pace - drawn if paced else pace}

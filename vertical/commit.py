@@ -192,6 +192,7 @@ class FrontierCommit:
             record.state = FETCHED
             record.extra.pop("duplicate_of", None)
             record.extra.pop("failures", None)
+            record.extra.pop("failed_at", None)
             record.extra.pop("trap", None)
             record.checksum = outcome.checksum
             record.etag = _header(response, b"ETag") or record.etag
@@ -242,12 +243,20 @@ class FrontierCommit:
             page.failed = True
             self._settle(page, reason)
             return
-        self._count("pages/failed", f"pages/failed/{reason}")
-        record.extra["failures"] = record.extra.get("failures", 0) + 1
         if failure is not None:
             logger.debug("Fetch of %s failed (%s): %s", record.url, reason, failure.value)
-        self.scheduler.schedule.set_failed(record, self.scheduler.now())
+        self._failed(record, reason)
         self._write(record)
+
+    def _failed(self, record: URLRecord, reason: str) -> None:
+        """Count a failure in a row and when it was (a fetch that failed
+        cost the budget all the same: ``vertical-status`` counts it), and
+        let the schedule set the backoff."""
+        self._count("pages/failed", f"pages/failed/{reason}")
+        now = self.scheduler.now()
+        record.extra["failures"] = record.extra.get("failures", 0) + 1
+        record.extra["failed_at"] = now
+        self.scheduler.schedule.set_failed(record, now)
 
     def page_parked(self, record: URLRecord, state: str, until: float, reason: str | None = None) -> None:
         """A page not fetched (robots.txt, a postponed host) or rejected as a
@@ -306,9 +315,7 @@ class FrontierCommit:
         if page.failed:
             # Not delivered: keep the old checksum so a later fetch emits again.
             record.checksum, record.docs = page.previous
-            record.extra["failures"] = record.extra.get("failures", 0) + 1
-            self._count("pages/failed", f"pages/failed/{reason}")
-            self.scheduler.schedule.set_failed(record, self.scheduler.now())
+            self._failed(record, reason)
             page.rows.clear()
         self._commit(page)
 

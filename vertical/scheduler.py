@@ -37,10 +37,11 @@ What the engine can rely on:
 * With ``refetch.budget``, every page fetch is drawn from the site's
   allowance in the store (:mod:`vertical.budget`): a run that finds it
   empty hands out nothing more and ends (what it claimed is released); a
-  continuous crawl waits for it to fill, and paces itself meanwhile. When
-  nothing is due and its pace has fetches to spare, a continuous crawl
-  claims the records due soonest, up to ``refetch.ahead`` early and none
-  within ``refetch.min`` of its last fetch.
+  continuous crawl waits for it to fill, and draws from the one pace that
+  the site's continuous processes share. When nothing is due and the pace
+  has fetches to spare, a continuous crawl claims the records due soonest,
+  up to ``refetch.ahead`` early and none within ``refetch.min`` of its
+  last fetch.
 * A store unreachable for longer than its patience (a Redis that is gone:
   :class:`~vertical.frontier.base.StoreUnavailable`) ends the crawl: one
   error names the store and the call that failed, and the spider closes
@@ -74,7 +75,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
-from vertical.budget import ALLOWANCE_KEY, BudgetPacer, RunAllowance, draw
+from vertical.budget import ALLOWANCE_KEY, RunAllowance, draw
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
 from vertical.config import host_allowed
@@ -184,6 +185,7 @@ class FrontierScheduler(BaseScheduler):
         self._heartbeat: task.LoopingCall | None = None
         self._released = False  # the close gave back this process's claims
         self._poll_call: Any = None  # the wake-up of the next store poll (IDelayedCall)
+        self._pace_call: Any = None  # the wake-up when the pace has a fetch again (IDelayedCall)
         self._seen_saver: task.LoopingCall | None = None
         self._refitter: task.LoopingCall | None = None
         self._seen_saving = False
@@ -199,7 +201,6 @@ class FrontierScheduler(BaseScheduler):
         self._on_the_way_per_host: Counter[str] = Counter()
         self._postponed: dict[str, float] = {}
         self._started = time.time()
-        self.pacer: BudgetPacer | None = None
         self.allowance: RunAllowance | None = None
         self._drawing: Deferred[None] = succeed(None)  # the last draw from the allowance
         self.store: StoreThread | None = None
@@ -247,17 +248,31 @@ class FrontierScheduler(BaseScheduler):
         """Take this run's next fetches from the site's allowance (on the
         store thread; at most one draw in flight). A draw that finds it
         empty ends the run once what it holds is spent; a continuous crawl
-        draws again when a fetch has accrued."""
+        draws again when a fetch has accrued, and gives back what it held
+        too long to spend at its pace."""
         allowance = self.allowance
         now = self.now()
-        if allowance is None or not allowance.wants(now) or self._closing or self.store_gone:
+        if allowance is None or self._closing or self.store_gone:
+            return
+        if allowance.stale(now):
+            # Held past its pace: back to the allowance (not to the pace).
+            want, allowance.held = -allowance.held, 0.0
+            self.stats.inc_value("vertical/budget/returned", -want)
+        elif allowance.wants(now):
+            want = allowance.chunk
+        else:
             return
         allowance.drawing = True
-        take = partial(draw, want=allowance.chunk, now=now, per_day=allowance.per_day)
+        take = partial(draw, want=want, now=now, per_day=allowance.per_day, paced=allowance.paced)
 
         def drawn(state: dict[str, float]) -> None:
+            if want < 0:
+                return
             self.stats.inc_value("vertical/budget/drawn", allowance.drawn(state, now))
-            if allowance.spent and not self.stats.get_value("vertical/budget/spent"):
+            if allowance.paced_out:
+                self.stats.inc_value("vertical/budget/paced")
+                self._wake_later(allowance.retry_at - now)
+            elif allowance.spent and not self.stats.get_value("vertical/budget/spent"):
                 self.stats.set_value("vertical/budget/spent", 1)
                 logger.info("The allowance of site %r is spent (%g fetches a day): what is due waits for %s",
                             self.site.name, allowance.per_day,
@@ -344,10 +359,9 @@ class FrontierScheduler(BaseScheduler):
         # The schedule fits delays to the budget; the crawl must also keep
         # to it when more is due than the budget pays for.
         if site.refetch.budget:
-            self.allowance = RunAllowance(per_day, self.batch, waits=self.continuous)
+            # A continuous crawl also paces its fetches over the day.
+            self.allowance = RunAllowance(per_day, self.batch, waits=self.continuous, paced=self.continuous)
             self._draw()
-            if self.continuous:
-                self.pacer = BudgetPacer(per_day, self.now())
         await self.commit.take_outbox()
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
@@ -545,8 +559,9 @@ class FrontierScheduler(BaseScheduler):
         (once every call made before has run) and end its thread."""
         if self._heartbeat is not None and self._heartbeat.running:
             self._heartbeat.stop()
-        if self._poll_call is not None and self._poll_call.active():
-            self._poll_call.cancel()
+        for call in (self._poll_call, self._pace_call):
+            if call is not None and call.active():
+                call.cancel()
         store = self.store
         if store is None:
             return succeed(None)
@@ -743,10 +758,7 @@ class FrontierScheduler(BaseScheduler):
             return self._direct.popleft()
         if self.budget_exhausted:
             return None
-        if self.pacer is not None and not self.pacer.ready(self.now()):
-            self.stats.inc_value("vertical/budget/paced")
-            return None
-        if self.allowance is not None and self.allowance.held < 1:
+        if self.allowance is not None and (self.allowance.held < 1 or self.allowance.stale(self.now())):
             self._draw()  # its answer wakes the engine
             return None
         request = self._pop()
@@ -756,8 +768,6 @@ class FrontierScheduler(BaseScheduler):
                 self._links()
             if self.now() >= self._next_poll:
                 self._refill()
-        if request is not None and self.pacer is not None:
-            self.pacer.spend()
         if request is not None and self.allowance is not None:
             self.allowance.held -= 1
             self._draw()  # before the last is spent: no wait between fetches
@@ -926,8 +936,8 @@ class FrontierScheduler(BaseScheduler):
         early, self._early = self._early, False
         self._refilling = True
         asked = time.monotonic()
-        if early and self.pacer is not None:
-            limit = min(limit, max(1, self.pacer.spare(self.now())))
+        if early and self.allowance is not None:
+            limit = min(limit, self.allowance.chunk)
             d = Deferred.fromCoroutine(self._claim_early(limit, busy))
         else:
             d = self._call(self.frontier.claim_due, self.site.name, self.owner, self.now(), self.lease, limit,
@@ -939,6 +949,9 @@ class FrontierScheduler(BaseScheduler):
         """Nothing is due and the pace has fetches to spare: claim the records
         due soonest, within ``refetch.ahead``, and none fetched within
         ``refetch.min`` (the user's floor between two fetches of a page).
+        Only records waiting out their refetch delay: a page that failed
+        waits out its backoff (a server in trouble is not asked again
+        early), a parked one its recheck.
         Soonest, not by priority: each loses least of its interval by coming
         now (in the simulator, taking them by priority, entry pages first,
         gains nothing)."""
@@ -946,12 +959,12 @@ class FrontierScheduler(BaseScheduler):
         refetch = self.site.refetch
         fetched_before = now - refetch.min  # a continuous crawl has no other bound
         soonest = await self._call(self.frontier.next_due, self.site.name, now + refetch.ahead,
-                                   self.lane, fetched_before=fetched_before, exclude_hosts=busy)
+                                   self.lane, fetched_before=fetched_before, exclude_hosts=busy, planned=True)
         if soonest is None:
             return []
         return await self._call(self.frontier.claim_due, self.site.name, self.owner,
                                 min(soonest, now + refetch.ahead), self.lease, limit, self.lane,
-                                exclude_hosts=busy, fetched_before=fetched_before)
+                                exclude_hosts=busy, fetched_before=fetched_before, planned=True)
 
     def _claimed(self, records: list[URLRecord], asked: float, early: bool) -> None:
         held = set(self._held_back())
@@ -975,7 +988,7 @@ class FrontierScheduler(BaseScheduler):
             self.stats.inc_value("vertical/scheduler/claimed_early", len(records))
         if records:
             return
-        if not early and self.pacer is not None and self.site.refetch.ahead > 0:
+        if not early and self.allowance is not None and self.allowance.paced and self.site.refetch.ahead > 0:
             # A budget that idles is lost (the pace stores at most a burst):
             # claim again at once, a little ahead of the due times.
             self._early = True
@@ -994,6 +1007,15 @@ class FrontierScheduler(BaseScheduler):
             from twisted.internet import reactor
 
             self._poll_call = reactor.callLater(_POLL, self._poll_now)
+
+    def _wake_later(self, delay: float) -> None:
+        """Wake the engine in ``delay`` seconds (the pace has a fetch again):
+        an idle engine asks only on its 5-s heartbeat, and the pace holds
+        only 5 seconds of the budget."""
+        if self._pace_call is None or not self._pace_call.active():
+            from twisted.internet import reactor
+
+            self._pace_call = reactor.callLater(max(0.0, delay), self._wake_engine)
 
     def _poll_now(self) -> None:
         self._next_poll = 0.0
@@ -1156,9 +1178,8 @@ class FrontierScheduler(BaseScheduler):
 
     def _beaten(self, beat: tuple[list[str], int], asked: float, held: list[int]) -> None:
         dead, processes = beat
-        if self.pacer is not None:
-            self.pacer.share(processes, self.now())
-            self.stats.set_value("vertical/budget/processes", self.pacer.processes)
+        if self.allowance is not None and self.allowance.paced:
+            self.stats.set_value("vertical/budget/processes", processes)
         # Every claim held when the beat was sent runs a lease from then on.
         self._renewed_at = asked
         self._failing_since = None  # the beat was a write the store took

@@ -21,8 +21,9 @@ What a summary holds (the same keys for a site's ``total`` and each host):
   where the ``optimal`` schedule keeps its counts, else changes over revisits
   spread over the current delay, a rough lower bound);
 * ``last_fetch``: the latest ``fetch_time`` (None when never);
-* ``fetched_day``: records last fetched within the day before ``now``, the
-  spend to hold against the site's budget (a record fetched twice that day
+* ``fetched_day``: records last fetched, or last tried by a fetch that
+  failed (``extra["failed_at"]``), within the day before ``now``: the spend
+  to hold against the site's budget (a record fetched twice that day
   counts once, so a floor on the spend);
 * ``errors``: records whose last answer was a 5xx, or that count failures
   (``extra["failures"]``);
@@ -78,12 +79,12 @@ class _Tally:
         for i, horizon in enumerate((now, now + HOUR, now + DAY)):
             if r.next_fetch <= horizon:
                 self.due[i] += 1
+        if now - DAY < max(r.fetch_time, r.extra.get("failed_at", 0.0)) <= now:
+            self.fetched_day += 1
         if r.visits:
             self.delays.append(r.refetch_delay)
             if self.last_fetch is None or r.fetch_time > self.last_fetch:
                 self.last_fetch = r.fetch_time
-            if now - DAY < r.fetch_time <= now:
-                self.fetched_day += 1
             self.revisits += max(r.visits - 1, 0)
             self.changed += r.changes
             self.per_day += _rate(r) * DAY

@@ -230,7 +230,7 @@ class Frontier(ABC):
     @abstractmethod
     def claim_due(self, site: str, owner: str, now: float, lease: float, limit: int,
                   lane: Lane = ALL, exclude_hosts: Sequence[str] = (),
-                  fetched_before: float | None = None) -> list[URLRecord]:
+                  fetched_before: float | None = None, planned: bool = False) -> list[URLRecord]:
         """Atomically claim up to ``limit`` due records of ``lane`` for
         ``owner``, for ``lease`` seconds of the store's clock, highest
         ``priority`` first.
@@ -239,9 +239,12 @@ class Frontier(ABC):
         and trap, have their ``next_fetch`` pushed out by the caller).
         Records under a live lease (anyone's) and records of
         ``exclude_hosts`` are skipped; with ``fetched_before``, so are
-        records fetched at or after that time (one fetch per run). ``now``
-        (the due clock) is compared with ``next_fetch`` and ``fetch_time``
-        only.
+        records fetched at or after that time (one fetch per run); with
+        ``planned``, all but the records waiting out their refetch delay
+        (``next_fetch == fetch_time + refetch_delay``: not those waiting out
+        a failure's backoff, a host's wait or a parked state's recheck).
+        ``now`` (the due clock) is compared with ``next_fetch`` and
+        ``fetch_time`` only.
         """
 
     @abstractmethod
@@ -279,13 +282,14 @@ class Frontier(ABC):
         the copy says was decided before that fetch, which settled it."""
 
     @abstractmethod
-    def next_due(self, site: str, now: float, lane: Lane = ALL,
-                 fetched_before: float | None = None, exclude_hosts: Sequence[str] = ()) -> float | None:
+    def next_due(self, site: str, now: float, lane: Lane = ALL, fetched_before: float | None = None,
+                 exclude_hosts: Sequence[str] = (), planned: bool = False) -> float | None:
         """The earliest time on the due clock at which a due record of this
         lane becomes claimable, or None when there is none: ``now`` or
         earlier when one is claimable now; for a record under a live lease,
         ``now`` plus what is left of the lease. Records fetched since
-        ``fetched_before`` and of ``exclude_hosts`` do not count."""
+        ``fetched_before``, of ``exclude_hosts`` and, with ``planned``, not
+        waiting out their refetch delay (as :meth:`claim_due`) do not count."""
 
     @abstractmethod
     def count_due(self, site: str, now: float, lane: Lane = ALL,

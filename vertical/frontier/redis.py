@@ -754,7 +754,7 @@ end
 """
 
 # ARGV from `first`: new_urls, min_level, max_level, horizon_before,
-# stale_before, fetched_before, excluded host ids.
+# stale_before, fetched_before, excluded host ids, planned only.
 _LUA_LANE = r"""
 local function lane_filter(first, now)
   local new_urls = ARGV[first] == "1"
@@ -764,11 +764,13 @@ local function lane_filter(first, now)
   local stale = tonumber(ARGV[first + 4])
   local before = tonumber(ARGV[first + 5])
   local excluded = set_of(ARGV[first + 6] or "")
+  local planned = ARGV[first + 7] == "1"
   -- h: a record head; mirrors SQLiteFrontier's lane clause.
   return function(h)
     if excluded[tostring(h.host)] then return false end
     local level, visits, ft, nf = h.level, h.visits, h.ft, h.nf
     if before and ft >= before then return false end
+    if planned and not (ft > 0 and nf == ft + h.rd) then return false end
     if visits == 0 then return new_urls and nf <= now end
     if nf <= now and level >= min_level and (not max_level or level <= max_level)
        and (not horizon or ft <= horizon) then
@@ -1739,13 +1741,13 @@ class RedisFrontier(Frontier):
 
     def claim_due(self, site: str, owner: str, now: float, lease: float, limit: int,
                   lane: Lane = ALL, exclude_hosts: Sequence[str] = (),
-                  fetched_before: float | None = None) -> list[URLRecord]:
+                  fetched_before: float | None = None, planned: bool = False) -> list[URLRecord]:
         if limit <= 0:
             return []
         if SEP in owner:
             raise ValueError(f"control character \\x1f in claim owner {owner!r}")
         k = self._site(site)
-        lane_args = self._lane_args(site, lane, now, fetched_before, exclude_hosts)
+        lane_args = self._lane_args(site, lane, now, fetched_before, exclude_hosts, planned)
         claimed: list[URLRecord] = []
         after: bytes = b""
         while len(claimed) < limit:
@@ -1764,7 +1766,7 @@ class RedisFrontier(Frontier):
         return claimed
 
     def _lane_args(self, site: str, lane: Lane, now: float, fetched_before: float | None,
-                   exclude_hosts: Sequence[str]) -> list[str]:
+                   exclude_hosts: Sequence[str], planned: bool = False) -> list[str]:
         """The lane as script arguments; thresholds computed here, as in SQL."""
         excluded = self._known_host_ids(site, exclude_hosts) if exclude_hosts else []
         return [
@@ -1775,6 +1777,7 @@ class RedisFrontier(Frontier):
             _float(now - lane.stale) if lane.stale else "",
             "" if fetched_before is None else _float(fetched_before),
             SEP.join(map(str, excluded)),
+            "1" if planned else "0",
         ]
 
     def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> None:
@@ -1994,10 +1997,10 @@ class RedisFrontier(Frontier):
                     found[record.fingerprint] = record
         return found
 
-    def next_due(self, site: str, now: float, lane: Lane = ALL,
-                 fetched_before: float | None = None, exclude_hosts: Sequence[str] = ()) -> float | None:
+    def next_due(self, site: str, now: float, lane: Lane = ALL, fetched_before: float | None = None,
+                 exclude_hosts: Sequence[str] = (), planned: bool = False) -> float | None:
         k = self._site(site)
-        lane_args = self._lane_args(site, lane, now, fetched_before, exclude_hosts)
+        lane_args = self._lane_args(site, lane, now, fetched_before, exclude_hosts, planned)
         after, best = b"", b""
         while True:
             args = [_float(now), SCAN_STEP, after, best, *lane_args]

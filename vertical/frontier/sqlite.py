@@ -263,6 +263,10 @@ def _identity(path: str) -> tuple[int, int] | None:
     return found.st_dev, found.st_ino
 
 
+#: A record waiting out its refetch delay (Frontier.claim_due's ``planned``):
+#: a record's column, no index's, so it is read from the row.
+_PLANNED = "fetch_time > 0 AND next_fetch = fetch_time + refetch_delay"
+
 #: SQLite's primary result codes of a file no wait mends.
 _READONLY, _CORRUPT, _NOTADB = 8, 11, 26
 
@@ -446,7 +450,7 @@ class SQLiteFrontier(Frontier):
 
     def claim_due(self, site: str, owner: str, now: float, lease: float, limit: int,
                   lane: Lane = ALL, exclude_hosts: Sequence[str] = (),
-                  fetched_before: float | None = None) -> list[URLRecord]:
+                  fetched_before: float | None = None, planned: bool = False) -> list[URLRecord]:
         if limit <= 0:
             return []
         lane_sql, lane_params = _lane_clause(lane, now)
@@ -464,6 +468,8 @@ class SQLiteFrontier(Frontier):
         if exclude_hosts:
             where.append(f"host NOT IN ({', '.join('?' * len(exclude_hosts))})")
             lane_params += list(exclude_hosts)
+        if planned:
+            where.append(_PLANNED)
         with self._transaction() as db:
             clock = self.clock()
             params = (site, clock, *lane_params)
@@ -733,8 +739,8 @@ class SQLiteFrontier(Frontier):
                 found[row[1]] = _row_to_record(row)
         return found
 
-    def next_due(self, site: str, now: float, lane: Lane = ALL,
-                 fetched_before: float | None = None, exclude_hosts: Sequence[str] = ()) -> float | None:
+    def next_due(self, site: str, now: float, lane: Lane = ALL, fetched_before: float | None = None,
+                 exclude_hosts: Sequence[str] = (), planned: bool = False) -> float | None:
         lane_sql, params = _lane_clause(lane, now)
         extra = ""
         if fetched_before is not None:
@@ -743,6 +749,8 @@ class SQLiteFrontier(Frontier):
         if exclude_hosts:
             extra += f" AND host NOT IN ({', '.join('?' * len(exclude_hosts))})"
             params += list(exclude_hosts)
+        if planned:
+            extra += f" AND {_PLANNED}"
         clock = self.clock()
         # The common case first: something is claimable right now.
         # In due order, the first free one is the answer: a live lease ends
