@@ -27,8 +27,10 @@ links resolve against its own URL (``vertical/pages/bad_base``), where the
 page's selector, its links and its meta refresh would all have failed on it.
 
 A 3xx to the same canonical URL (a cookie set and the page asked again, a
-session id stripped away) is left to Scrapy's middlewares, which follow it
-within ``REDIRECT_MAX_TIMES``. Requests without a frontier record
+session id stripped away) is left to Scrapy's middlewares, which follow it,
+once: a second one in a row is a loop, and the fetch fails
+(``vertical/pages/failed/redirect_loop``) rather than asking the page
+``REDIRECT_MAX_TIMES`` times on every run. Requests without a frontier record
 (robots.txt, second-stage resources, which may live on a CDN) keep Scrapy's
 behaviour, as does any request with ``dont_redirect``.
 
@@ -92,7 +94,18 @@ class FrontierRedirectMiddleware:
         except ValueError:
             pass  # no URL: a redirect to nowhere (_redirect cannot canonicalize it)
         self._redirect(request, response, target)
-        return response  # not reached for a redirect elsewhere
+        # A redirect to the page itself. Scrapy has followed one already if
+        # there are redirect URLs: only those are left to it.
+        if request.meta.get("redirect_urls"):
+            record = request.meta.pop(META_RECORD)
+            self._commit().page_failed(record, reason="redirect_loop")
+            raise IgnoreRequest(f"{record.url} redirects to itself again")
+        return response
+
+    def _commit(self) -> FrontierCommit:
+        commit = self.crawler.get_extension(FrontierCommit)
+        assert commit is not None, "vertical.commit.FrontierCommit must be in EXTENSIONS"
+        return commit
 
     def _redirect(self, request: Request, response: Response, target: str) -> None:
         """Settle the source page as a redirect to ``target`` and drop the
@@ -116,8 +129,7 @@ class FrontierRedirectMiddleware:
         else:
             record.extra[REDIRECT] = canonical
         checksum = zlib.crc32((canonical or target).encode()) or 1
-        commit = self.crawler.get_extension(FrontierCommit)
-        assert commit is not None, "vertical.commit.FrontierCommit must be in EXTENSIONS"
+        commit = self._commit()
         commit.page_fetched(record, PageOutcome(response, checksum=checksum, links=links), [])
         # Settled: without its record the spider's errback leaves it alone.
         del request.meta[META_RECORD]
