@@ -20,6 +20,12 @@ page whose one link is its target:
   is a ``Location`` that is no URL (``http://[bad/``, a port over 65535): the
   page is a redirect to nowhere.
 
+A sitemap (a direct request, ``dont_filter`` as every request of the crawl,
+so Scrapy's offsite filter lets its redirects through) is read where it
+redirects only within ``allowed_domains``; elsewhere the reading fails
+(``vertical/redirect/offsite``), and the other host is asked nothing, not
+even its robots.txt.
+
 A meta refresh to the page itself, to no URL, or to a scheme other than
 http(s) (``javascript:``), is no refresh, as for Scrapy's ``MetaRefreshMiddleware`` and browsers: the
 page is read as any other. So is a ``<base href>`` that is no URL: the page's
@@ -55,6 +61,7 @@ from vertical.commit import FrontierCommit, PageOutcome
 from vertical.compat import ignore_meta_refresh, meta_refresh, settle_base_url
 from vertical.config import host_allowed
 from vertical.scheduler import META_RECORD
+from vertical.sitemaps import META_SITEMAP, sitemap_wanted
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -83,6 +90,8 @@ class FrontierRedirectMiddleware:
 
     def process_response(self, request: Request, response: Response) -> Response:
         record: URLRecord | None = request.meta.get(META_RECORD)
+        if META_SITEMAP in request.meta and response.status in REDIRECT_STATUSES:
+            self._sitemap_redirect(request, response)
         if record is None or request.meta.get("dont_redirect") or response.status not in REDIRECT_STATUSES:
             return response
         location = response.headers.get("Location")
@@ -101,6 +110,22 @@ class FrontierRedirectMiddleware:
             self._commit().page_failed(record, reason="redirect_loop")
             raise IgnoreRequest(f"{record.url} redirects to itself again")
         return response
+
+    def _sitemap_redirect(self, request: Request, response: Response) -> None:
+        """Raise IgnoreRequest (the sitemap's errback settles its reading)
+        for a redirect off the site's hosts; return for one Scrapy may follow."""
+        location = response.headers.get("Location")
+        if not location:
+            return
+        try:
+            target: str | None = urljoin(request.url, safe_url_string(location.decode("latin-1")))
+        except ValueError:
+            target = None  # no URL: nowhere to read it
+        site = self.crawler.engine.scheduler.site  # type: ignore[union-attr]
+        if target is not None and sitemap_wanted(site, target, page=False):
+            return
+        self.stats.inc_value("vertical/redirect/offsite")
+        raise IgnoreRequest(f"sitemap {request.url} redirects off the site, to {target}")
 
     def _commit(self) -> FrontierCommit:
         commit = self.crawler.get_extension(FrontierCommit)

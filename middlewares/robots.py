@@ -54,6 +54,7 @@ from vertical.compat import (existing_slot, overrides, robots_parsers, robots_us
 from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
 from vertical.scheduler import META_RECORD
+from vertical.sitemaps import META_SITEMAP
 from vertical.urls import host_of
 
 #: How much of a robots.txt is read (RFC 9309 2.5: a parsing limit of at least 500 KiB).
@@ -102,10 +103,15 @@ class RobotsMiddleware(RobotsTxtMiddleware):
 
     def process_request_2(self, rp: RobotParser | None, request: Request) -> None:
         record: URLRecord | None = request.meta.get(META_RECORD)
+        until = self._unreachable.get(urlparse_cached(request).netloc)
         if record is None:
+            if until is not None and META_SITEMAP in request.meta:
+                # Rules unknown: a sitemap is not read blind either (its
+                # reading fails, and is made again in its time).
+                self.crawler.stats.inc_value("vertical/robots/postponed")
+                raise IgnoreRequest("robots.txt unreachable: host postponed")
             super().process_request_2(rp, request)
             return
-        until = self._unreachable.get(urlparse_cached(request).netloc)
         if until is not None:
             # Not fetched blind: back to the store, due when the host is.
             self._park(request, record, record.state, until)

@@ -44,7 +44,8 @@ from vertical.extract import FieldError, Record, as_page, extract_records, follo
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import feed_links, granted, read_sitemap, sitemap_body, sitemap_max_size, sitemap_wanted
+from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, read_sitemap, sitemap_body, sitemap_max_size,
+                               sitemap_wanted)
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -61,9 +62,6 @@ META_COMPOSITE = "vertical.composite"
 META_STAGE_URL = "vertical.stage_url"
 META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
 META_ERRBACK = "vertical.errback"  # a start request's own errback
-# A sitemap reading: (depth: 0 when named by the config, robots.txt or an
-# entry page; when its lease began; the sitemaps it listed last, if an index).
-META_SITEMAP = "vertical.sitemap"
 
 
 @dataclass(slots=True, eq=False)
@@ -202,8 +200,9 @@ class VerticalSpider(Spider):
         for url in self.site.start_urls:
             yield Request(canonicalize(url, self.site.traps.strip_params),
                           meta={META_LEVEL: 0, META_SEED: True})
-        self._sitemap_roots.update(self.site.sitemaps)
-        for request in await maybe_deferred_to_future(self._sitemap_reads(self.site.sitemaps, 0)):
+        roots = self._sitemap_urls(self.site.sitemaps)
+        self._sitemap_roots.update(roots)
+        for request in await maybe_deferred_to_future(self._sitemap_reads(roots, 0)):
             yield request
 
     # -- sitemaps ---------------------------------------------------------------
@@ -243,9 +242,22 @@ class VerticalSpider(Spider):
         """Sitemaps named elsewhere (robots.txt, read again every
         ``VERTICAL_ROBOTS_TTL``; the feeds an entry page links, at each of
         its fetches): fetched now, unless read lately."""
-        wanted = [url for url in urls if sitemap_wanted(self.site, url, page=False)]
+        wanted = self._sitemap_urls(urls)
         self._sitemap_roots.update(wanted)
         self._crawl_sitemaps(self._sitemap_reads(wanted, 0))
+
+    def _sitemap_urls(self, urls: Iterable[str]) -> list[str]:
+        """Those of sitemap or feed ``urls`` on the crawl's hosts, canonical
+        (a session id in a feed's URL made it a new feed at every run)."""
+        wanted = []
+        for url in urls:
+            try:
+                url = canonicalize(url, self.site.traps.strip_params)
+            except ValueError:
+                continue
+            if sitemap_wanted(self.site, url, page=False):
+                wanted.append(url)
+        return list(dict.fromkeys(wanted))
 
     def _sitemap_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None) -> Deferred[list[Request]]:
         """The requests that read those of sitemaps ``urls`` whose time has
@@ -312,6 +324,13 @@ class VerticalSpider(Spider):
         scheduler = self._scheduler
         depth, began, children = response.meta[META_SITEMAP]
         url = _as_requested(response)
+        asked = response.request.headers if response.request is not None else {}
+        if response.status == 304 and b"If-None-Match" not in asked and b"If-Modified-Since" not in asked:
+            # "Not modified" since nothing (a broken server or cache): no reading.
+            logger.warning("Sitemap answered 304 to a request that asked nothing: %s", response.url)
+            stats.inc_value("vertical/sitemap/unreadable")
+            scheduler.sitemap_read(url, began)
+            return
         if response.status == 304:
             stats.inc_value("vertical/sitemap/not_modified")
             scheduler.sitemap_read(url, began)
@@ -320,6 +339,11 @@ class VerticalSpider(Spider):
         body = sitemap_body(response, self.sitemap_max_size) \
             if response.status == 200 else None
         kind, entries = read_sitemap(body, response.url) if body is not None else ("", [])
+        if len(entries) > SITEMAP_MAX_ENTRIES:
+            logger.warning("Sitemap %s lists more than %d entries: the rest is not read", response.url,
+                           SITEMAP_MAX_ENTRIES)
+            stats.inc_value("vertical/sitemap/truncated")
+            del entries[SITEMAP_MAX_ENTRIES:]
         if not kind:
             logger.warning("Not a sitemap (HTTP %d): %s", response.status, response.url)
             stats.inc_value("vertical/sitemap/unreadable")
@@ -330,7 +354,7 @@ class VerticalSpider(Spider):
             ("If-None-Match", response.headers.get(b"ETag")),
             ("If-Modified-Since", response.headers.get(b"Last-Modified"))) if value}
         if kind == "sitemapindex":
-            children = [child for child, _ in entries if sitemap_wanted(self.site, child, page=False)]
+            children = self._sitemap_urls(child for child, _ in entries)
             scheduler.sitemap_read(url, began, validators, children)
             self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
@@ -346,8 +370,10 @@ class VerticalSpider(Spider):
 
     def _index_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None) -> Deferred[list[Request]]:
         """The sitemaps an index lists, down to ``VERTICAL_SITEMAP_DEPTH``:
-        a chain of indexes made up on the fly is a trap like any other."""
-        urls = list(urls)
+        a chain of indexes made up on the fly is a trap like any other. Those
+        remembered from an earlier reading are for this crawl only if the
+        config still allows them."""
+        urls = self._sitemap_urls(urls)
         if urls and depth > self.sitemap_depth:
             self.crawler.stats.inc_value("vertical/sitemap/too_deep", len(urls))
             return succeed([])

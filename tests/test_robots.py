@@ -102,6 +102,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain" if self.path == "/robots.txt" else "text/html")
         if server.etags and status in (200, 304):
             self.send_header("ETag", etag)
+        if self.path in server.locations:
+            self.send_header("Location", server.locations[self.path])
         if status != 304:
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -114,7 +116,8 @@ class _Handler(BaseHTTPRequestHandler):
 class SmallSite(LoopbackServer):
     """A loopback site of fixed pages (path -> (status, body)) with a log of
     requested paths and the last status each got; with ``etags``, 200s carry
-    an ETag and a matching If-None-Match gets 304."""
+    an ETag and a matching If-None-Match gets 304; ``locations`` gives a
+    path's answer a ``Location``."""
 
     def __init__(self, pages: dict[str, tuple[int, bytes]], etags: bool = False) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -122,6 +125,7 @@ class SmallSite(LoopbackServer):
         self.etags = etags
         self.log: list[str] = []
         self.statuses: dict[str, int] = {}
+        self.locations: dict[str, str] = {}
 
 
 @contextmanager

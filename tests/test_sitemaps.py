@@ -76,6 +76,8 @@ def test_lastmod_formats_and_bodies_that_are_no_sitemap():
     assert lastmod_time("2024-01-02T09:00:00Z") == datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp()
     assert lastmod_time("2024-03") == datetime(2024, 3, 1, tzinfo=UTC).timestamp()
     assert lastmod_time("yesterday") is None and lastmod_time(None) is None
+    # A leap second: the second before it.
+    assert lastmod_time("2016-12-31T23:59:60Z") == datetime(2016, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
     assert sitemap_body(Response(BASE + "/page", body=b"<html></html>")) is None
     assert sitemap_body(Response(BASE + "/s.gz", body=gzip.compress(b"x" * 1000)), max_size=100) is None
     assert read_sitemap(b"<html><body>no</body></html>", BASE) == ("", [])
@@ -626,3 +628,186 @@ def test_what_a_crawl_learned_of_the_sitemap_survives_its_kill(tmp_path, end, ev
     assert proc.returncode == (-signal.SIGKILL if end == "kill" else 0)
     assert sorted(p for p in server.log if p in stamps) == sorted(changed)
     assert checked() == len(changed)
+
+
+def test_a_sitemap_or_feed_is_read_to_the_protocols_count_of_entries():
+    urlset = ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+              + "".join(f"<url><loc>/p/{i}</loc></url>" for i in range(5)) + "</urlset>").encode()
+    assert read_sitemap(urlset, BASE, limit=3) == ("urlset", [(BASE + f"/p/{i}", None) for i in range(4)])
+    rss = ('<rss version="2.0"><channel>' + "".join(f"<item><link>/p/{i}</link></item>" for i in range(5))
+           + "</channel></rss>").encode()
+    assert read_sitemap(rss, BASE, limit=3) == ("feed", [(BASE + f"/p/{i}", None) for i in range(4)])
+    # A .xml.gz served with Content-Encoding: gzip arrives inflated, with or without an XML declaration.
+    assert sitemap_body(Response(BASE + "/s.xml.gz", body=urlset)) == urlset
+
+
+def test_a_sitemap_past_50000_entries_is_read_to_its_50000th(tmp_path):
+    """A sitemap of 4 MB gzipped may list millions of tiny entries: every one
+    used to go to the frontier, the crawl's thread held for a minute (its
+    other processes took it for dead and fetched its pages again). The
+    protocol's limit is 50,000; the rest is counted and left."""
+    entries = "".join(f"<url><loc>/news/{i}</loc></url>" for i in range(50_010))
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             "/big.xml.gz": (200, gzip.compress(f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                                f"{entries}</urlset>".encode()))}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "big", server.url, sitemaps=[f"{server.url}/big.xml.gz"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path, settings={"VERTICAL_MAX_PAGES": 3})
+    assert result.stat("vertical/sitemap/truncated") == 1
+    assert result.stat("vertical/sitemap/urls") == 50_000
+
+
+def test_feed_urls_are_canonical_and_an_index_keeps_to_the_config(tmp_path):
+    """A feed announced with a session id that changes at every fetch is
+    one feed, read once within its TTL (it was a new feed at every run). An
+    index answering 304 has its sitemaps read from the list it gave last,
+    those on hosts the config no longer allows left out (one was fetched
+    after allowed_domains dropped its host)."""
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/news/a": (200, html()),
+             "/feed/": (200, b'<?xml version="1.0"?>\n<rss version="2.0"><channel><item><link>/news/a</link>'
+                            b"</item></channel></rss>"),
+             "/near.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"></urlset>'),
+             "/far.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"></urlset>')}
+
+    def home(session: str) -> tuple[int, bytes]:
+        head = f'<link rel="alternate" type="application/rss+xml" href="/feed/?PHPSESSID={session}">'
+        return 200, f"<html><head>{head}</head><body>home</body></html>".encode()
+
+    with serving(SmallSite(pages, etags=True)) as server:
+        pages["/index.xml"] = (200, (
+            '<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+            f"<sitemap><loc>/near.xml</loc></sitemap><sitemap><loc>{server.url.replace('127.0.0.1', 'localhost')}/far.xml</loc>"
+            "</sitemap></sitemapindex>").encode())
+        store = tmp_path / "f.sqlite3"
+        for run, (session, hosts, offset) in enumerate((("a1", ["127.0.0.1", "localhost"], 0),
+                                                        ("b2", ["127.0.0.1"], 2 * DAY))):
+            pages["/"] = home(session)
+            site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/index.xml"],
+                              allowed_domains=hosts)
+            crawl(site, store, tmp_path, tag=str(run),
+                  settings={"VERTICAL_SITEMAP_TTL": 10 * DAY, "VERTICAL_TIME_OFFSET": offset})
+        two_runs = list(server.log)
+        # A third reads every sitemap once (a TTL of 0): the index answers 304.
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/index.xml"],
+                          allowed_domains=["127.0.0.1"])
+        crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": 4 * DAY})
+        log = list(server.log)
+    assert [p for p in two_runs if p.startswith("/feed/")] == ["/feed/"], two_runs
+    assert log.count("/far.xml") == 1 and log.count("/near.xml") == 2, log
+    assert server.statuses["/index.xml"] == 304
+
+
+def test_a_sitemap_is_read_where_it_redirects_only_on_the_sites_hosts(tmp_path):
+    """One sitemap moved within the site is read where it went; one that
+    redirects to another host is not fetched there, nor is that host's
+    robots.txt (Scrapy's offsite filter lets through the redirects of the
+    crawl's requests, all of them dont_filter)."""
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/news/a": (200, html()),
+             "/real.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                b"<url><loc>/news/a</loc></url></urlset>"),
+             "/private/sitemap.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                           b"<url><loc>/news/b</loc></url></urlset>")}
+    with serving(SmallSite(pages)) as server:
+        elsewhere = server.url.replace("127.0.0.1", "localhost")
+        pages["/moved.xml"] = (301, b"")
+        pages["/away.xml"] = (302, b"")
+        server.locations = {"/moved.xml": "/real.xml", "/away.xml": f"{elsewhere}/private/sitemap.xml"}
+        site = small_site(tmp_path, "news", server.url,
+                          sitemaps=[f"{server.url}/moved.xml", f"{server.url}/away.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+        log = list(server.log)
+    assert "/news/a" in log and "/private/sitemap.xml" not in log and log.count("/robots.txt") == 1, log
+    assert result.stat("vertical/redirect/offsite") == 1 and result.stat("vertical/sitemap/failed") == 1
+
+
+def test_a_url_listed_twice_is_dated_by_its_latest_lastmod(tmp_path):
+    """A sitemap that lists a page twice, once with a lastmod that moved
+    past its last fetch and once with an old one: the page is due, in
+    either order (the last entry read used to win)."""
+    def urlset(entries: Sequence[tuple[str, float]]) -> bytes:
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
+            f"<url><loc>{p}</loc><lastmod>{datetime.fromtimestamp(t, UTC).isoformat()}</lastmod></url>"
+            for p, t in entries) + "</urlset>").encode()
+
+    old, moved = time.time() - 30 * DAY, time.time() + DAY / 2
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             "/news/a": (200, html()), "/news/b": (200, html()),
+             "/s.xml": (200, urlset([("/news/a", old), ("/news/b", old)]))}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
+                          refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"})
+        store = tmp_path / "f.sqlite3"
+        crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
+        pages["/s.xml"] = (200, urlset([("/news/a", moved), ("/news/a", old), ("/news/b", old), ("/news/b", moved)]))
+        server.log.clear()
+        crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": DAY})
+        log = list(server.log)
+    assert sorted(p for p in log if p.startswith("/news/")) == ["/news/a", "/news/b"], log
+
+
+def test_a_sitemap_waits_as_pages_do_while_robots_txt_is_unreachable(tmp_path):
+    """robots.txt answers 503: the host's rules are unknown (RFC 9309), so
+    neither its pages nor its sitemap are fetched; the reading fails, to be
+    made again in its time. Scrapy's robots.txt middleware lets every request
+    through after a failed robots.txt."""
+    pages = {"/robots.txt": (503, b"User-agent: *\nDisallow: /\n"), "/": (200, html()),
+             "/s.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                             b"<url><loc>/news/a</loc></url></urlset>")}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+        log = set(server.log)
+    assert log == {"/robots.txt"}, log
+    assert result.stat("vertical/sitemap/failed") == 1
+
+
+def test_a_run_that_reaches_its_time_leaves_the_sitemaps_it_has_not_read(tmp_path):
+    """An index of 300 sitemaps on a host with a 0.05-s delay is 15 s of
+    fetches; a run of 3 s (`-a seconds=3`) reads what it can and leaves the
+    rest to the next run (it read all 300, and the run lasted them out)."""
+    empty = b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"></urlset>'
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             "/index.xml": (200, ('<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                  + "".join(f"<sitemap><loc>/sm/{i}.xml</loc></sitemap>" for i in range(300))
+                                  + "</sitemapindex>").encode()),
+             **{f"/sm/{i}.xml": (200, empty) for i in range(300)}}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/index.xml"],
+                          politeness={"delay": 0.05, "concurrency": 1})
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"seconds": 3})
+        read = sum(1 for p in server.log if p.startswith("/sm/"))
+    assert 0 < read < 300
+    assert result.stat("vertical/sitemap/left") == 300 - read
+
+
+def test_a_date_without_its_hour_that_does_not_move_brings_a_page_once(tmp_path):
+    """A sitemap dates a page by the day, today, and the page never changes.
+    Read at every run (a TTL of 0), runs back to back at noon on the crawl's
+    clock: the page is fetched once, not at every reading of the day (the
+    date's window reaches past each fetch, and any odds of a change after it
+    brought the page again). Schedules other than optimal; optimal weighs
+    the odds against the price of a fetch."""
+    noon = (time.time() // DAY) * DAY + DAY / 2
+    day = datetime.fromtimestamp(noon, UTC).strftime("%Y-%m-%d")
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/news/a": (200, html()),
+             "/s.xml": (200, ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                              f"<url><loc>/news/a</loc><lastmod>{day}</lastmod></url></urlset>").encode())}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
+                          refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"})
+        offset = noon - time.time()
+        for run in range(3):
+            crawl(site, tmp_path / "f.sqlite3", tmp_path, tag=str(run),
+                  settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": offset})
+        log = list(server.log)
+    assert log.count("/s.xml") == 3 and log.count("/news/a") == 1, log
+
+
+def test_a_sitemap_that_answers_304_to_a_request_that_asked_nothing_is_unreadable(tmp_path):
+    """A broken server or cache says "not modified" to a first reading: that
+    is no reading (as for pages), not an unchanged sitemap."""
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/s.xml": (304, b"")}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    assert result.stat("vertical/sitemap/unreadable") == 1 and not result.stat("vertical/sitemap/not_modified")

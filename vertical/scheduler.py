@@ -85,7 +85,7 @@ from vertical.policies import make_priority, make_schedule
 from vertical.policies.estimate import changed_after
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
-from vertical.sitemaps import reading_done, reading_key, take_reading
+from vertical.sitemaps import META_SITEMAP, reading_done, reading_key, take_reading
 from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
 from vertical.urls import canonicalize, fingerprint, host_of
 
@@ -238,11 +238,26 @@ class FrontierScheduler(BaseScheduler):
 
     @property
     def budget_exhausted(self) -> bool:
-        if self.max_pages and self._handed_out >= self.max_pages:
-            return True
         if self.allowance is not None and self.allowance.exhausted:
             return True
+        return self._run_over
+
+    @property
+    def _run_over(self) -> bool:
+        """The run's own limits (``-a pages``, ``-a seconds``) are reached."""
+        if self.max_pages and self._handed_out >= self.max_pages:
+            return True
         return bool(self.deadline and self.now() >= self.deadline)
+
+    def _leave_sitemaps(self) -> None:
+        """The run is over: the sitemaps it has not read yet are left to the
+        next (their leases end with this process). An index of thousands of
+        sitemaps kept a 15-second run going for minutes. Not when the
+        allowance is spent: sitemaps are outside it."""
+        left = [r for r in self._direct if META_SITEMAP in r.meta]
+        if left:
+            self.stats.inc_value("vertical/sitemap/left", len(left))
+            self._direct = deque(r for r in self._direct if META_SITEMAP not in r.meta)
 
     def _draw(self) -> None:
         """Take this run's next fetches from the site's allowance (on the
@@ -577,6 +592,8 @@ class FrontierScheduler(BaseScheduler):
         return d
 
     def has_pending_requests(self) -> bool:
+        if self._direct and self._run_over:
+            self._leave_sitemaps()
         if self._direct:
             return True
         if self.budget_exhausted:
@@ -649,7 +666,9 @@ class FrontierScheduler(BaseScheduler):
         for url, lastmod in entries:
             self._discover(url, 1, None, False)
             if lastmod is not None and lastmod <= now:
-                lastmods[fingerprint(url)] = lastmod
+                # A URL listed twice: its latest date, whatever the order.
+                fp = fingerprint(url)
+                lastmods[fp] = max(lastmod, lastmods.get(fp, lastmod))
         self.stats.inc_value("vertical/sitemap/urls", len(entries))
         if not lastmods:
             return succeed(0)
@@ -754,6 +773,8 @@ class FrontierScheduler(BaseScheduler):
 
     def next_request(self) -> Request | None:
         self._maintain()
+        if self._direct and self._run_over:
+            self._leave_sitemaps()
         if self._direct:
             return self._direct.popleft()
         if self.budget_exhausted:

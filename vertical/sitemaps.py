@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted", "lastmod_time", "read_feed", "read_sitemap",
+__all__ = ["META_SITEMAP", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted", "lastmod_time", "read_feed", "read_sitemap",
            "reading_done", "reading_key", "reading_lease", "readings", "sitemap_body", "sitemap_max_size",
            "sitemap_wanted", "take_reading"]
 
@@ -52,6 +53,15 @@ SitemapEntry = tuple[str, float | None]
 #: How large the sitemaps protocol lets a sitemap be, uncompressed (sitemaps.org:
 #: 50,000 URLs and 50 MB), whatever the crawl's DOWNLOAD_MAXSIZE for pages.
 SITEMAP_MAX_SIZE = 50 * 1024 * 1024
+#: Request meta of a sitemap reading: (depth: 0 when named by the config,
+#: robots.txt or an entry page; when its lease began; the sitemaps it listed
+#: last, if an index).
+META_SITEMAP = "vertical.sitemap"
+#: The most entries read of one sitemap, index or feed: the protocol's limit,
+#: as the search engines read it (past it, the rest is ignored). Without it
+#: a 4 MB download of tiny entries held the crawl for a minute, and its other
+#: processes took it for dead.
+SITEMAP_MAX_ENTRIES = 50_000
 
 
 def sitemap_max_size(download_maxsize: int) -> int:
@@ -78,7 +88,10 @@ def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
             return gunzip(response.body, max_size=max_size)
         except (OSError, EOFError, ValueError):  # corrupt, or larger than allowed
             return None
-    if isinstance(response, XmlResponse) or urlsplit(response.url).path.endswith(".xml") \
+    # A .xml.gz the server sent with Content-Encoding: gzip (Apache's
+    # AddEncoding, nginx's gzip_static) arrives inflated, as Scrapy's
+    # SitemapSpider knows.
+    if isinstance(response, XmlResponse) or urlsplit(response.url).path.endswith((".xml", ".xml.gz")) \
             or response.body.lstrip()[:5] == b"<?xml":
         return response.body
     return None
@@ -93,6 +106,8 @@ def lastmod_time(value: str | None) -> float | None:
     text = value.strip()
     if len(text) in (4, 7):  # YYYY, YYYY-MM: the start of that year or month
         text += "-01" if len(text) == 7 else "-01-01"
+    elif text[16:19] == ":60":  # a leap second, which datetime cannot hold
+        text = text[:16] + ":59" + text[19:]
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
@@ -102,22 +117,25 @@ def lastmod_time(value: str | None) -> float | None:
     return when.timestamp()
 
 
-def read_sitemap(body: bytes, base_url: str) -> tuple[str, list[SitemapEntry]]:
+def read_sitemap(body: bytes, base_url: str,
+                 limit: int = SITEMAP_MAX_ENTRIES) -> tuple[str, list[SitemapEntry]]:
     """The sitemap's type (``urlset``, ``sitemapindex`` or ``feed``; anything
-    else lists nothing) and its entries, ``<loc>`` made absolute against
-    *base_url* (the sitemap's own URL)."""
+    else lists nothing) and its first *limit* entries, ``<loc>`` made
+    absolute against *base_url* (the sitemap's own URL). One entry more
+    when there are more: the caller counts what it leaves."""
     try:
         sitemap = Sitemap(body)
     except Exception:  # lxml's XMLSyntaxError and friends: not a sitemap
         return "", []
     if sitemap.type in _FEEDS:
-        return "feed", read_feed(body, base_url)
+        return "feed", read_feed(body, base_url, limit)
     if sitemap.type not in ("urlset", "sitemapindex"):
         return "", []
     # lastmod is a W3C datetime; some sites write RFC 822's, as in feeds.
-    entries = [(url, _date(e.get("lastmod")))
-               for e in sitemap if e.get("loc") and (url := _absolute(base_url, e["loc"]))]
-    return sitemap.type, entries
+    # Scrapy's Sitemap parses as it is read: past the limit, nothing is.
+    entries = ((url, _date(e.get("lastmod")))
+               for e in sitemap if e.get("loc") and (url := _absolute(base_url, e["loc"])))
+    return sitemap.type, list(islice(entries, limit + 1))
 
 
 def _absolute(base_url: str, url: str) -> str | None:
@@ -128,11 +146,12 @@ def _absolute(base_url: str, url: str) -> str | None:
         return None
 
 
-def read_feed(body: bytes, base_url: str) -> list[SitemapEntry]:
-    """The entries of an RSS 2.0, RSS 1.0 or Atom (1.0, 0.3) feed: each
-    item's link (Atom: the ``alternate`` one, against its ``xml:base``; RSS
-    2.0 without a link: a permalink ``<guid>``) and its lastmod, the date it
-    was last updated or else published."""
+def read_feed(body: bytes, base_url: str, limit: int = SITEMAP_MAX_ENTRIES) -> list[SitemapEntry]:
+    """The first *limit* entries (and one more when there are more) of an
+    RSS 2.0, RSS 1.0 or Atom (1.0, 0.3) feed: each item's link (Atom: the
+    ``alternate`` one, against its ``xml:base``; RSS 2.0 without a link: a
+    permalink ``<guid>``) and its lastmod, the date it was last updated or
+    else published."""
     # Parsed as Scrapy's Sitemap parses: no entities resolved, no network.
     parser = etree.XMLParser(recover=True, remove_comments=True, resolve_entities=False, no_network=True)
     try:
@@ -144,11 +163,11 @@ def read_feed(body: bytes, base_url: str) -> list[SitemapEntry]:
     atom = next((ns for ns in _ATOMS if root.tag == f"{{{ns}}}feed"), None)
     if atom is not None:
         items = root.iterchildren(f"{{{atom}}}entry")
-        return [entry for item in items if (entry := _atom_entry(item, atom, base_url))]
+        return list(islice((entry for item in items if (entry := _atom_entry(item, atom, base_url))), limit + 1))
     channel = next((c for c in root if _localname(c) == "channel"), None)
     # RSS 2.0's items are in its channel, RSS 1.0's beside it.
-    items = [i for parent in (root, channel) if parent is not None for i in parent if _localname(i) == "item"]
-    return [entry for item in items if (entry := _rss_entry(item, base_url))]
+    items = (i for parent in (root, channel) if parent is not None for i in parent if _localname(i) == "item")
+    return list(islice((entry for item in items if (entry := _rss_entry(item, base_url))), limit + 1))
 
 
 def _localname(element: etree._Element) -> str | None:

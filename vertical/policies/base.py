@@ -97,9 +97,11 @@ class FetchSchedule(ABC):
         """A sitemap read at ``now`` lists these fetched pages with their
         lastmod (``(record, lastmod)``). Returns the pages to fetch now, and
         those whose ``extra`` this call wrote (to be saved). Here: every page
-        whose lastmod dates a change after its last fetch is due now, and
-        nothing is written."""
-        return [record for record, lastmod in listed if changed_after(lastmod, record.fetch_time, now) > 0], []
+        whose lastmod dates a change after its last fetch, more likely than
+        not, is due now, and nothing is written. (A date without its hour on
+        the day of the fetch may be either: taken as "after" whatever the
+        odds, it brought the page again at every reading of that day.)"""
+        return [record for record, lastmod in listed if changed_after(lastmod, record.fetch_time, now) >= 0.5], []
 
     @abstractmethod
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
