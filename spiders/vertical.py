@@ -44,8 +44,8 @@ from vertical.extract import FieldError, Record, as_page, extract_records, follo
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, read_sitemap, sitemap_body, sitemap_max_size,
-                               sitemap_wanted)
+from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, read_sitemap, sitemap_body,
+                               sitemap_max_size, sitemap_wanted)
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:

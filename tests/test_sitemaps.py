@@ -674,10 +674,10 @@ def test_feed_urls_are_canonical_and_an_index_keeps_to_the_config(tmp_path):
         return 200, f"<html><head>{head}</head><body>home</body></html>".encode()
 
     with serving(SmallSite(pages, etags=True)) as server:
+        far = server.url.replace("127.0.0.1", "localhost") + "/far.xml"
         pages["/index.xml"] = (200, (
             '<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
-            f"<sitemap><loc>/near.xml</loc></sitemap><sitemap><loc>{server.url.replace('127.0.0.1', 'localhost')}/far.xml</loc>"
-            "</sitemap></sitemapindex>").encode())
+            f"<sitemap><loc>/near.xml</loc></sitemap><sitemap><loc>{far}</loc></sitemap></sitemapindex>").encode())
         store = tmp_path / "f.sqlite3"
         for run, (session, hosts, offset) in enumerate((("a1", ["127.0.0.1", "localhost"], 0),
                                                         ("b2", ["127.0.0.1"], 2 * DAY))):
