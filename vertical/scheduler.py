@@ -779,7 +779,7 @@ class FrontierScheduler(BaseScheduler):
             return self._direct.popleft()
         if self.budget_exhausted:
             return None
-        if self.allowance is not None and (self.allowance.held < 1 or self.allowance.stale(self.now())):
+        if self._must_draw():
             self._draw()  # its answer wakes the engine
             return None
         request = self._pop()
@@ -793,6 +793,18 @@ class FrontierScheduler(BaseScheduler):
             self.allowance.held -= 1
             self._draw()  # before the last is spent: no wait between fetches
         return request
+
+    def _must_draw(self) -> bool:
+        """Whether the allowance must be drawn from before a page goes out:
+        the run holds none (when paced, and has pages queued: a draw while
+        idle would take the pace from the site's other processes), or has
+        held what it drew too long to spend it now."""
+        allowance = self.allowance
+        if allowance is None:
+            return False
+        if allowance.stale(self.now()):
+            return True
+        return allowance.held < 1 and (not allowance.paced or any(self._queues.values()))
 
     def __len__(self) -> int:
         return len(self._direct) + sum(len(q) for q in self._queues.values())
