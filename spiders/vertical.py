@@ -171,6 +171,7 @@ class VerticalSpider(Spider):
         spider = super().from_crawler(crawler, *args, **kwargs)
         # Scrapy settings vertical cannot honour stop the run here too.
         scrapy_settings.check(crawler.settings)
+        scrapy_settings.bundled_suffix_list()
         if store := scrapy_settings.apply_jobdir(crawler.settings):
             logger.info("JOBDIR: the frontier of this crawl is %s", store)
         spider._referer = _referer_middleware(crawler)

@@ -39,6 +39,10 @@ and, for its one-line message, by ``scrapy crawl``):
                                not committed is fetched by the next run); the
                                spider's ``pages``/``seconds`` budgets end a run
                                gently instead, letting pages in flight finish
+``COOKIES_ENABLED``            works; Scrapy's cookies middleware reads the
+                               Public Suffix List bundled with tldextract instead
+                               of fetching it from publicsuffix.org
+                               (:func:`bundled_suffix_list`)
 =============================  ===================================================
 """
 
@@ -55,7 +59,7 @@ from scrapy.utils.misc import load_object
 
 from vertical.config import ConfigError
 
-__all__ = ["NUMBERS", "SETTINGS_FILE", "apply_jobdir", "check"]
+__all__ = ["NUMBERS", "SETTINGS_FILE", "apply_jobdir", "bundled_suffix_list", "check"]
 
 #: The "file" named by a :class:`ConfigError` about a Scrapy setting.
 SETTINGS_FILE = "<settings>"
@@ -182,6 +186,17 @@ def apply_jobdir(settings: Any) -> str | None:
     uri = f"sqlite:///{(Path(jobdir) / 'frontier.sqlite3').resolve()}"
     settings.set("VERTICAL_STORE", uri, priority="spider")
     return uri
+
+
+def bundled_suffix_list() -> None:
+    """Make Scrapy's cookies middleware split cookie domains with the Public
+    Suffix List bundled with tldextract: by default tldextract fetches the
+    list from publicsuffix.org into a cache at its first use, and offline it
+    logs a traceback each time the cache is new. A crawler asks nothing of
+    hosts it does not crawl. ``TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS``, when set,
+    is left as it is. Call before the middleware is imported (from the
+    spider's ``from_crawler``)."""
+    os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 
 
 def _refuse(name: str, why: str) -> None:
