@@ -239,10 +239,10 @@ class Frontier(ABC):
         and trap, have their ``next_fetch`` pushed out by the caller).
         Records under a live lease (anyone's) and records of
         ``exclude_hosts`` are skipped; with ``fetched_before``, so are
-        records fetched at or after that time (one fetch per run); with
-        ``planned``, all but the records waiting out their refetch delay
-        (``next_fetch == fetch_time + refetch_delay``: not those waiting out
-        a failure's backoff, a host's wait or a parked state's recheck).
+        records fetched at or after that time (one fetch per run); and with
+        ``planned``, so is every record not waiting out its refetch delay
+        (``next_fetch == fetch_time + refetch_delay``): one waiting out a
+        failure's backoff, a host's wait or a parked state's recheck.
         ``now`` (the due clock) is compared with ``next_fetch`` and
         ``fetch_time`` only.
         """
