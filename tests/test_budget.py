@@ -138,11 +138,11 @@ def test_an_allowance_stored_before_the_pace_was_starts_a_full_pace():
     assert state["drawn"] == 5 and state["pace"] == 0 and state["tokens"] == 45
 
 
-def run_continuous(config, store, workdir, until, seconds: float, settings=None) -> tuple[int, float]:
+def run_continuous(config, store, workdir, until, seconds: float, settings=None, args=None) -> tuple[int, float]:
     """A continuous crawl, stopped (SIGTERM) ``seconds`` after ``until()``
     holds: its return code and how long it ran, start to end."""
     started = time.time()
-    proc = start_crawl(config, store, workdir, args={"mode": "continuous"}, settings=settings)
+    proc = start_crawl(config, store, workdir, args={"mode": "continuous", **(args or {})}, settings=settings)
     try:
         wait_for(until, timeout=120)
         time.sleep(seconds)
@@ -529,3 +529,22 @@ def test_a_continuous_crawl_spends_no_idle_budget_on_pages_that_fail(tmp_path):
     asked = {path: docs().count(path) for path in set(docs())}
     print(asked)
     assert asked == {f"/doc/{i}": 3 for i in range(3)}  # the fetch and Scrapy's two retries
+
+
+def test_a_continuous_lane_with_nothing_to_fetch_leaves_the_pace_alone(tmp_path):
+    """The slow lane of a site whose pages are all in the fast lane (level 1)
+    has nothing to fetch: it draws nothing from the site's pace. It drew the
+    whole pace bucket every few seconds and gave it back to the allowance
+    only, taking it from the lane that had work."""
+    with serve(LibrarySite(documents=20)) as server:
+        store = tmp_path / "f.sqlite3"
+        config = _library(tmp_path, server.url, 86400)
+        crawl(config, store, tmp_path, tag="first")
+        server.clear_log()
+        returncode, _ = run_continuous(config, store, tmp_path / "slow",
+                                       lambda: "Frontier " in crawl_log(tmp_path / "slow"), 2 * PACE_BURST,
+                                       settings={"VERTICAL_TIME_OFFSET": 2 * DAY}, args={"lane": "slow"})
+    assert returncode == 0
+    stats = json.loads((tmp_path / "slow" / "stats.json").read_text())
+    assert not stats.get("vertical/scheduler/claimed")
+    assert not stats.get("vertical/budget/drawn") and not stats.get("vertical/budget/returned")

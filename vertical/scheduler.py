@@ -374,9 +374,11 @@ class FrontierScheduler(BaseScheduler):
         # The schedule fits delays to the budget; the crawl must also keep
         # to it when more is due than the budget pays for.
         if site.refetch.budget:
-            # A continuous crawl also paces its fetches over the day.
+            # A continuous crawl also paces its fetches over the day, and
+            # draws only once it has pages to fetch.
             self.allowance = RunAllowance(per_day, self.batch, waits=self.continuous, paced=self.continuous)
-            self._draw()
+            if not self.allowance.paced:
+                self._draw()
         await self.commit.take_outbox()
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
