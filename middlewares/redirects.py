@@ -77,6 +77,15 @@ REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 REDIRECT = "redirect"
 
 
+def _absolute(request: Request, location: bytes) -> str | None:
+    """A 3xx's ``Location`` made absolute; None when it is no URL
+    (``http://[bad/``, a port over 65535)."""
+    try:
+        return urljoin(request.url, safe_url_string(location.decode("latin-1")))
+    except ValueError:
+        return None
+
+
 class FrontierRedirectMiddleware:
     """3xx answers to frontier requests (see the module docstring)."""
 
@@ -97,12 +106,8 @@ class FrontierRedirectMiddleware:
         location = response.headers.get("Location")
         if not location:
             return response
-        target = location.decode("latin-1")
-        try:
-            target = urljoin(request.url, safe_url_string(target))
-        except ValueError:
-            pass  # no URL: a redirect to nowhere (_redirect cannot canonicalize it)
-        self._redirect(request, response, target)
+        # No URL: a redirect to nowhere (_redirect cannot canonicalize it).
+        self._redirect(request, response, _absolute(request, location) or location.decode("latin-1"))
         # A redirect to the page itself. Scrapy has followed one already if
         # there are redirect URLs: only those are left to it.
         if request.meta.get("redirect_urls"):
@@ -117,10 +122,7 @@ class FrontierRedirectMiddleware:
         location = response.headers.get("Location")
         if not location:
             return
-        try:
-            target: str | None = urljoin(request.url, safe_url_string(location.decode("latin-1")))
-        except ValueError:
-            target = None  # no URL: nowhere to read it
+        target = _absolute(request, location)  # None: no URL, nowhere to read it
         site = self.crawler.engine.scheduler.site  # type: ignore[union-attr]
         if target is not None and sitemap_wanted(site, target, page=False):
             return

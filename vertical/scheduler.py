@@ -250,10 +250,12 @@ class FrontierScheduler(BaseScheduler):
         return bool(self.deadline and self.now() >= self.deadline)
 
     def _leave_sitemaps(self) -> None:
-        """The run is over: the sitemaps it has not read yet are left to the
-        next (their leases end with this process). An index of thousands of
-        sitemaps kept a 15-second run going for minutes. Not when the
+        """Once the run is over, the sitemaps it has not read yet are left to
+        the next (their leases end with this process). An index of thousands
+        of sitemaps kept a 15-second run going for minutes. Not when the
         allowance is spent: sitemaps are outside it."""
+        if not (self._direct and self._run_over):
+            return
         left = [r for r in self._direct if META_SITEMAP in r.meta]
         if left:
             self.stats.inc_value("vertical/sitemap/left", len(left))
@@ -594,8 +596,7 @@ class FrontierScheduler(BaseScheduler):
         return d
 
     def has_pending_requests(self) -> bool:
-        if self._direct and self._run_over:
-            self._leave_sitemaps()
+        self._leave_sitemaps()
         if self._direct:
             return True
         if self.budget_exhausted:
@@ -775,8 +776,7 @@ class FrontierScheduler(BaseScheduler):
 
     def next_request(self) -> Request | None:
         self._maintain()
-        if self._direct and self._run_over:
-            self._leave_sitemaps()
+        self._leave_sitemaps()
         if self._direct:
             return self._direct.popleft()
         if self.budget_exhausted:
