@@ -444,6 +444,7 @@ class HostRateMiddleware:
                     self.stats.inc_value("vertical/hostrate/expired", expired)
                 if held:
                     self.stats.inc_value("vertical/hostrate/held")
+                    self.crawler.engine.scheduler.unsent(request)  # type: ignore[union-attr]
                     raise leave_alone(self.crawler, request, wait, "asked another crawl process to wait")
                 if wait <= 0:
                     break

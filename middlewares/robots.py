@@ -125,6 +125,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             raise
 
     def _park(self, request: Request, record: URLRecord, state: str, until: float) -> None:
+        self._scheduler.unsent(request)
         self.crawler.get_extension(FrontierCommit).page_parked(record, state, until)
         del request.meta[META_RECORD]
 

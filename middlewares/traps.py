@@ -66,6 +66,7 @@ class TrapGuardMiddleware:
         record = request.meta.get(META_RECORD)
         barren = getattr(self.crawler.engine.scheduler, "barren", None)  # type: ignore[union-attr]
         if record is not None and barren is not None and (reason := barren.refuse_fetch(record)):
+            self.crawler.engine.scheduler.unsent(request)  # type: ignore[union-attr]
             self._settle(request, record, reason)
             raise IgnoreRequest(f"trap ({reason}): {request.url}")
 

@@ -548,3 +548,27 @@ def test_a_continuous_lane_with_nothing_to_fetch_leaves_the_pace_alone(tmp_path)
     stats = json.loads((tmp_path / "slow" / "stats.json").read_text())
     assert not stats.get("vertical/scheduler/claimed")
     assert not stats.get("vertical/budget/drawn") and not stats.get("vertical/budget/returned")
+
+
+class ForbiddingLibrary(LibrarySite):
+    """The library whose robots.txt forbids every other document."""
+
+    def render(self, path, host="", headers=None, step=None):
+        if path == "/robots.txt":
+            rules = "".join(f"Disallow: /doc/{i}$\n" for i in range(0, self.documents, 2))
+            return DemoResponse(200, {"Content-Type": "text/plain"}, f"User-agent: *\n{rules}".encode())
+        return super().render(path, host, headers, step)
+
+
+def test_pages_robots_txt_forbids_do_not_spend_the_budget(tmp_path):
+    """A page handed out and then dropped unsent (robots.txt forbids it) gives
+    its fetch back. With half the library forbidden, a budget of 24 a day
+    fetched 13 pages: the allowance counted the forbidden pages as fetches.
+    Counted at the server."""
+    per_day = 24
+    with serve(ForbiddingLibrary(documents=60)) as server:
+        result = crawl(_library(tmp_path, server.url, per_day), tmp_path / "f.sqlite3", tmp_path)
+    pages = [r["path"] for r in server.requests if r["path"] != "/robots.txt"]
+    assert all(int(path[5:]) % 2 for path in pages if path != "/")
+    assert len(pages) == per_day
+    assert result.stat("vertical/budget/unsent") == result.stat("vertical/robots/forbidden") > 0

@@ -796,6 +796,18 @@ class FrontierScheduler(BaseScheduler):
             self._draw()  # before the last is spent: no wait between fetches
         return request
 
+    def unsent(self, request: Request) -> None:
+        """A page request this scheduler handed out is dropped unsent
+        (robots.txt forbids it, its host asked to wait): its fetch goes back
+        to what the run holds from the allowance. Not a redirect or a retry
+        of it, whose page's first request went out."""
+        meta = request.meta
+        if self.allowance is not None and META_RECORD in meta and not (
+                meta.get(META_DIRECT) or meta.get("redirect_times") or meta.get("retry_times")):
+            self.allowance.held += 1
+            self.stats.inc_value("vertical/budget/unsent")
+            self._wake_engine()  # a run that had spent what it held may go on
+
     def _must_draw(self) -> bool:
         """Whether the allowance must be drawn from before a page goes out:
         the run holds none (when paced, and has pages queued: a draw while
