@@ -10,6 +10,7 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
+from vertical.policies.oracle import oracle_allocation  # noqa: E402
 from vertical.sim import ScenarioError, parse_scenario  # noqa: E402
 from vertical.sim.engine import PolicySpec, simulate  # noqa: E402
 from vertical.sim.metrics import page_freshness, score  # noqa: E402
@@ -124,6 +125,17 @@ def test_round_robin_matches_the_closed_form():
         ({"policies": ["fifo"]}, "fifo"),
         ({"budget": {"fetches_per_page_per_day": [1], "seconds_per_day": [1]}}, "either"),
         ({"warmup_days": 30}, "shorter"),
+        # What a scenario checker let through, silently or as a traceback:
+        ({"budget": {"fetches_per_page_per_day": [float("nan")]}}, "expected a number, got nan"),
+        ({"horizon_days": float("inf")}, "horizon_days: expected a number, got inf"),
+        ({"pages": 2.9}, "pages: expected a whole number"),
+        ({"change_interval": {"dist": "lognormal", "median_days": 7, "shape": 3}}, "unknown key.*shape"),
+        ({"seeds": [-1]}, "seeds"),
+        ({"policies": ["oracle", {"label": "oracle", "schedule": "fixed", "priority": "uniform"}]}, "listed twice"),
+        ({"policies": [{"label": "x", "schedule": "optimal", "priority": "due",
+                        "schedule_params": {"bogus": 1}}]}, "policies: x: .*bogus"),
+        ({"tick_minutes": 7000}, "tick_minutes: must divide"),
+        ({"refetch": {"min": 0, "initial": 0, "max": 0}}, "max > 0"),
     ],
 )
 def test_bad_scenarios_are_named(patch, message):
@@ -298,3 +310,56 @@ def test_a_labelled_policy_named_like_a_built_in_runs_as_labelled():
     specs = {s.label: s for s in policy_specs(scn)}
     assert (specs["adaptive"].schedule, specs["adaptive"].priority) == ("adaptive", "due")
     assert (specs["nutch"].schedule, specs["nutch"].priority) == ("nutch", "uniform")  # the built-in
+
+
+def test_a_scenario_file_not_in_utf8_is_named(tmp_path):
+    from vertical.sim import load_scenario
+
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"\xff pages: 10\n")
+    with pytest.raises(ScenarioError, match="latin1.yaml"):
+        load_scenario(path)
+
+
+def test_the_lognormal_sigma_defaults_as_documented():
+    scn = parse_scenario({**SMALL, "change_interval": {"dist": "lognormal", "median_days": 7}})
+    assert scn.change_interval["sigma"] == parse_scenario({"pages": 1}).change_interval["sigma"] == 2.0
+
+
+def test_a_site_where_nothing_changes_is_scored():
+    """Every page static: no change to index (the score indexed an empty array)."""
+    scn = parse_scenario({**SMALL, "static_share": 1.0, "hubs": {"count": 0, "new_pages_per_day": 0}})
+    site = make_site(scn, 1)
+    assert len(site.change_times) == 0
+    spec = PolicySpec("uniform", "fixed", "uniform", {"initial": 0, "min_delay": 0})
+    m = score(site, simulate(site, spec, 0.2, scn), scn.warmup_days)
+    assert m.freshness > 0.9 and m.changes_captured == 0.0
+
+
+def test_a_site_of_too_many_changes_is_an_error_not_an_allocation():
+    """Weibull of shape 0.2 draws pages changing every microsecond (its mean
+    rate is infinite): the site asked for 895 GiB."""
+    scn = parse_scenario({**SMALL, "change_interval": {"dist": "weibull", "shape": 0.2, "scale_days": 7}})
+    with pytest.raises(ScenarioError, match="changes in the horizon"):
+        make_site(scn, 5)
+
+
+def test_the_closed_form_oracle_keeps_to_the_budget(monkeypatch):
+    """The closed form reported beside the simulated oracle spends what the
+    budget allows: at 0.02 fetches a page a day it floored every page at
+    once in 30 days (refetch.max), 1.7 times the budget, where the
+    simulated oracle lets refetch.max take at most half of it."""
+    from vertical.sim import runner
+
+    spent = []
+
+    def allocation(rates, budget, **bounds):
+        found = oracle_allocation(rates, budget, **bounds)
+        spent.append((sum(found.frequencies), budget))
+        return found
+
+    monkeypatch.setattr(runner, "oracle_allocation", allocation)
+    scn = parse_scenario({**SMALL, "budget": {"fetches_per_page_per_day": [0.02]},
+                          "hubs": {"count": 0, "new_pages_per_day": 0}})
+    runner._closed_forms(make_site(scn, 1), scn, 0.02)
+    assert len(spent) == 2 and all(total <= budget * (1 + 1e-9) for total, budget in spent), spent

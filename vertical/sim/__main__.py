@@ -24,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run_scenario(scenario, args.out, jobs=args.jobs)
+    try:
+        run_scenario(scenario, args.out, jobs=args.jobs)
+    except ScenarioError as exc:  # a site it draws (too many changes)
+        print(f"error: {args.scenario}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

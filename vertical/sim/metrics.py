@@ -81,7 +81,8 @@ def _fetch_spans(site: Site, log: FetchLog) -> tuple[np.ndarray, ...]:
     j_after = np.searchsorted(ct_key, P * span + T, side="right")  # first change after T
     j_before = np.searchsorted(ct_key, P * span + prv, side="right")
     has_next = j_after < site.offsets[P + 1]
-    e = np.where(has_next, ct[np.minimum(j_after, len(ct) - 1)], np.inf)  # next change after the fetch
+    # The next change after the fetch (a site where nothing changes has none to index).
+    e = np.where(has_next, ct[np.minimum(j_after, len(ct) - 1)], np.inf) if len(ct) else np.full(m, np.inf)
     return P, T, first, nxt, e, j_after, j_before
 
 
@@ -141,7 +142,9 @@ def score(site: Site, log: FetchLog, warmup: float) -> RunMetrics:
     fetches = int(np.count_nonzero(in_window))
     wasted = float(np.count_nonzero(in_window & ~changed)) / max(fetches, 1)
     seen = np.maximum(j_after - 1, 0)
-    captured = doc_f & (j_after > j_before) & (j_after - 1 >= site.offsets[P]) & (ct[seen] >= W)
+    captured = doc_f & (j_after > j_before) & (j_after - 1 >= site.offsets[P])
+    if len(ct):
+        captured &= ct[seen] >= W
     doc_changes = (owner >= site.n_hubs) & (ct >= W)
     changes_captured = float(np.count_nonzero(captured)) / max(int(np.count_nonzero(doc_changes)), 1)
 

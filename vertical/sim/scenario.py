@@ -23,7 +23,15 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     # simulator settings
     refetch: {initial: 1d, min: 1h, max: 30d, factor: 2, ahead: 1d}   # the simulated site's config
     scent_delta_s: [1e-5, 1e-4, 1e-3]                     # the DeltaS sweep (per fetch)
-    tick_minutes: 15                                      # one scheduler batch
+    tick_minutes: 15                                      # one scheduler batch; must divide the horizon
+
+Numbers must be finite, counts (``pages``, ``hubs.count``, ...) whole, and
+``change_interval`` takes the keys of its ``dist`` only. A change interval
+with no finite mean rate (Weibull of shape 1 or less, Pareto of a tiny
+``alpha``) may draw a site of more changes than :data:`~vertical.sim.site.MAX_CHANGES`
+for some seeds: that seed stops with an error. With ``seconds_per_day``
+the oracle prices every fetch at the mean cost, not its page's: an
+upper reference, not the optimum under that budget.
 
 ``lastmod``: a share of the documents answer with a ``Last-Modified``
 header: the time of their last change, or (``lag_days``) that time cut to a
@@ -40,9 +48,11 @@ generated on request often are, then has nothing to be checked against but
 the pages' content).
 
 ``hosts``: the site's pages spread over hosts (``share`` of the documents
-each; the hubs are on the first), each fetched at most once per ``delay_s``
-seconds (its politeness), whatever the budget. Without it, one host with no
-limit but the budget.
+each; the hubs are on the first), each fetched at most ``86400 / delay_s``
+times a day (its politeness), whatever the budget: a rate, granted a tick
+at a time, not the spacing of the fetches within a tick (which the crawler
+keeps with Scrapy's download delay). Without it, one host with no limit but
+the budget.
 
 ``sections``: the documents' URLs carry a section (``http://sim/<section>/<n>``,
 ``count`` sections of about equal size), and pages of one section change
@@ -60,6 +70,7 @@ as before.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,17 +160,30 @@ _KEYS = {
 }
 
 
+#: Each distribution of ``change_interval`` and its own keys.
+_DISTRIBUTIONS = {"lognormal": ("median_days", "sigma"), "weibull": ("shape", "scale_days"),
+                  "pareto": ("min_days", "alpha")}
+
+
 def _number(value: Any, key: str, *, low: float | None = None, high: float | None = None) -> float:
     if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
         try:
             value = float(value)
         except ValueError:
             pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ScenarioError(f"{key}: expected a number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         raise ScenarioError(f"{key}: {value!r} is outside [{low}, {high}]")
     return float(value)
+
+
+def _whole(value: Any, key: str, *, low: int) -> int:
+    """A count: a number with nothing after the point (2.9 pages is no count)."""
+    number = _number(value, key, low=low)
+    if not number.is_integer():
+        raise ScenarioError(f"{key}: expected a whole number, got {value!r}")
+    return int(number)
 
 
 def _mapping(value: Any, key: str, known: set[str]) -> dict[str, Any]:
@@ -195,24 +219,23 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
     if "pages" not in data:
         raise ScenarioError("pages: missing")
     d = Scenario(pages=1)
-    kw: dict[str, Any] = {"pages": int(_number(data["pages"], "pages", low=1))}
+    kw: dict[str, Any] = {"pages": _whole(data["pages"], "pages", low=1)}
     if "static_share" in data:
         kw["static_share"] = _number(data["static_share"], "static_share", low=0, high=1)
     if "change_interval" in data:
-        ci = _mapping(data["change_interval"], "change_interval",
-                      {"dist", "median_days", "sigma", "shape", "scale_days", "min_days", "alpha"})
-        dist = ci.get("dist")
+        dist = data["change_interval"].get("dist") if isinstance(data["change_interval"], Mapping) else None
+        if dist not in _DISTRIBUTIONS:
+            raise ScenarioError(f"change_interval.dist: expected lognormal, weibull or pareto, got {dist!r}")
+        ci = _mapping(data["change_interval"], "change_interval", {"dist", *_DISTRIBUTIONS[dist]})
         if dist == "lognormal":
             ci = {"dist": dist, "median_days": _number(ci.get("median_days"), "change_interval.median_days", low=1e-9),
-                  "sigma": _number(ci.get("sigma", 1.0), "change_interval.sigma", low=0)}
+                  "sigma": _number(ci.get("sigma", d.change_interval["sigma"]), "change_interval.sigma", low=0)}
         elif dist == "weibull":
             ci = {"dist": dist, "shape": _number(ci.get("shape"), "change_interval.shape", low=1e-9),
                   "scale_days": _number(ci.get("scale_days"), "change_interval.scale_days", low=1e-9)}
-        elif dist == "pareto":
+        else:
             ci = {"dist": dist, "min_days": _number(ci.get("min_days"), "change_interval.min_days", low=1e-9),
                   "alpha": _number(ci.get("alpha"), "change_interval.alpha", low=1e-9)}
-        else:
-            raise ScenarioError(f"change_interval.dist: expected lognormal, weibull or pareto, got {dist!r}")
         kw["change_interval"] = ci
     if "sizes" in data:
         s = _mapping(data["sizes"], "sizes", {"dist", "min_bytes", "alpha"})
@@ -222,8 +245,8 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
                        "alpha": _number(s.get("alpha", 1.5), "sizes.alpha", low=1e-9)}
     if "hubs" in data:
         h = _mapping(data["hubs"], "hubs", {"count", "list_length", "new_pages_per_day"})
-        kw["hubs"] = int(_number(h.get("count", d.hubs), "hubs.count", low=0))
-        kw["list_length"] = int(_number(h.get("list_length", d.list_length), "hubs.list_length", low=1))
+        kw["hubs"] = _whole(h.get("count", d.hubs), "hubs.count", low=0)
+        kw["list_length"] = _whole(h.get("list_length", d.list_length), "hubs.list_length", low=1)
         kw["new_pages_per_day"] = _number(h.get("new_pages_per_day", d.new_pages_per_day), "hubs.new_pages_per_day", low=0)
         if kw["new_pages_per_day"] > 0 and kw["hubs"] == 0:
             raise ScenarioError("hubs.count: new pages need at least one hub to announce them")
@@ -257,8 +280,8 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
         raise ScenarioError("warmup_days: must be shorter than horizon_days")
     if "seeds" in data:
         seeds = data["seeds"] if isinstance(data["seeds"], list) else [data["seeds"]]
-        if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-            raise ScenarioError(f"seeds: expected a list of integers, got {data['seeds']!r}")
+        if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+            raise ScenarioError(f"seeds: expected a list of integers from 0, got {data['seeds']!r}")
         kw["seeds"] = tuple(seeds)
     if "policies" in data:
         pols = list(data["policies"]) if isinstance(data["policies"], list) else [data["policies"]]
@@ -268,6 +291,9 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
                 m = _mapping(p, f"policies[{i}]", {"label", "schedule", "priority", "schedule_params", "priority_params"})
                 if not isinstance(m.get("label"), str) or not _known_policy(f"{m.get('schedule')}+{m.get('priority')}"):
                     raise ScenarioError(f"policies[{i}]: needs a label and a known schedule and priority")
+                for params in ("schedule_params", "priority_params"):
+                    if not isinstance(m.get(params, {}), Mapping):
+                        raise ScenarioError(f"policies[{i}].{params}: expected a mapping, got {m[params]!r}")
                 custom[m["label"]] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in m.items() if k != "label"}
                 pols[i] = m["label"]
         kw["custom_policies"] = custom
@@ -276,7 +302,9 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             raise ScenarioError(
                 f"policies: unknown {bad!r} (known: {', '.join(POLICIES)}, or SCHEDULE+PRIORITY such as optimal+level)"
             )
-        kw["policies"] = tuple(dict.fromkeys(pols))
+        if twice := sorted({p for p in pols if pols.count(p) > 1}):
+            raise ScenarioError(f"policies: {', '.join(map(repr, twice))} listed twice (a label names one policy)")
+        kw["policies"] = tuple(pols)
     if "refetch" in data:
         r = _mapping(data["refetch"], "refetch", {"initial", "min", "max", "factor", "ahead"})
         ref = dict(d.refetch)
@@ -288,13 +316,17 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             raise ScenarioError(f"refetch: {exc}") from None
         if "factor" in r:
             ref["factor"] = _number(r["factor"], "refetch.factor", low=1.0)
-        if not ref["min"] <= ref["initial"] <= ref["max"]:
-            raise ScenarioError("refetch: need min <= initial <= max")
+        if not ref["min"] <= ref["initial"] <= ref["max"] or ref["max"] <= 0:
+            raise ScenarioError("refetch: need min <= initial <= max, and max > 0")
         kw["refetch"] = ref
     if "scent_delta_s" in data:
         kw["scent_delta_s"] = _numbers(data["scent_delta_s"], "scent_delta_s")
     if "tick_minutes" in data:
         kw["tick_minutes"] = _number(data["tick_minutes"], "tick_minutes", low=1e-3)
+    horizon = kw.get("horizon_days", d.horizon_days)
+    ticks = horizon * 1440 / kw.get("tick_minutes", d.tick_minutes)
+    if abs(ticks - round(ticks)) > 1e-6 * max(ticks, 1.0) or round(ticks) < 1:
+        raise ScenarioError("tick_minutes: must divide horizon_days into whole ticks")
     if "hosts" in data:
         if not isinstance(data["hosts"], list) or not data["hosts"]:
             raise ScenarioError(f"hosts: expected a list of {{share, delay_s}}, got {data['hosts']!r}")
@@ -319,9 +351,25 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
                          "header": float(lm.get("header", True))}
     if "sections" in data:
         sec = _mapping(data["sections"], "sections", {"count", "strength"})
-        kw["sections"] = {"count": int(_number(sec.get("count", 0), "sections.count", low=0)),
+        kw["sections"] = {"count": _whole(sec.get("count", 0), "sections.count", low=0),
                           "strength": _number(sec.get("strength", 0.0), "sections.strength", low=0, high=1)}
+    _check_policies(kw.get("custom_policies", {}), kw.get("refetch", d.refetch))
     return Scenario(**kw)
+
+
+def _check_policies(custom: Mapping[str, Mapping[str, Any]], refetch: Mapping[str, float]) -> None:
+    """Build each custom policy once, so that a parameter it does not take
+    stops the scenario here, named, not in a worker halfway through."""
+    from vertical.policies import make_priority, make_schedule
+
+    base = {"initial": refetch["initial"], "min_delay": refetch["min"], "max_delay": refetch["max"],
+            "factor": refetch["factor"]}
+    for label, policy in custom.items():
+        try:
+            make_priority(policy["priority"], **policy.get("priority_params", {}))
+            make_schedule(policy["schedule"], **{**base, **policy.get("schedule_params", {})})
+        except ValueError as exc:
+            raise ScenarioError(f"policies: {label}: {exc}") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -330,7 +378,7 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         return parse_scenario(data or {})
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ScenarioError(f"{path}: {exc}") from None
     except ScenarioError as exc:
         raise ScenarioError(f"{path}: {exc}") from None

@@ -15,7 +15,13 @@ from statistics import NormalDist
 
 import numpy as np
 
-from vertical.sim.scenario import Scenario
+from vertical.sim.scenario import Scenario, ScenarioError
+
+#: The most changes a site may have (each takes 24 bytes as it is built): a
+#: change-interval distribution with an infinite mean rate (Weibull of shape
+#: 1 or less) can draw pages that change every microsecond, and a site of
+#: 10^9 changes asked for 895 GiB instead of an error.
+MAX_CHANGES = 400_000_000
 
 __all__ = ["Site", "make_site"]
 
@@ -179,6 +185,11 @@ def make_site(scn: Scenario, seed: int) -> Site:
     # Document changes: Poisson counts over each page's life, uniform times.
     docs = np.arange(n_hubs, n)
     life = horizon - created[docs]
+    expected = float(np.sum(rate[docs] * life))
+    if expected > MAX_CHANGES:
+        raise ScenarioError(f"seed {seed}: the pages' rates make {expected:.3g} changes in the horizon, more than "
+                            f"{MAX_CHANGES:.0e} (its fastest page changes every {86400 / rate.max():.2g} s): "
+                            "a shorter horizon, fewer pages or another seed")
     k = rng.poisson(rate[docs] * life)
     owner = np.repeat(docs, k)
     times = created[owner] + rng.random(len(owner)) * life[np.repeat(np.arange(n_docs), k)]
