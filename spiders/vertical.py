@@ -62,6 +62,8 @@ META_COMPOSITE = "vertical.composite"
 META_STAGE_URL = "vertical.stage_url"
 META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
 META_ERRBACK = "vertical.errback"  # a start request's own errback
+#: ``URLRecord.extra`` key of the feeds an entry page announced at its last 200.
+FEEDS_KEY = "feeds"
 
 
 @dataclass(slots=True, eq=False)
@@ -426,6 +428,9 @@ class VerticalSpider(Spider):
                 self.commit.page_failed(record, Failure(ValueError("304 to an unconditional request")),
                                         "unasked_304")
                 return
+            if record.level == 0 and self.feed_discovery:
+                # The feeds it announced at its last 200: a 304 names none.
+                self.sitemaps_found(record.extra.get(FEEDS_KEY, ()))
             yield from self._finish(record, PageOutcome(response, not_modified=True))
             return
         if response.status in GONE_STATUSES:
@@ -453,7 +458,11 @@ class VerticalSpider(Spider):
         # would lose them.
         self.crawler.engine.scheduler.discover(links, record)  # type: ignore[union-attr]
         if record.level == 0 and self.feed_discovery:
-            self.sitemaps_found(feed_links(response))
+            if feeds := self._sitemap_urls(feed_links(response)):
+                record.extra[FEEDS_KEY] = feeds
+            else:
+                record.extra.pop(FEEDS_KEY, None)
+            self.sitemaps_found(feeds)
         if rule is None:
             # A hub or listing page: it "changes" when its links change, so that
             # pages announcing new documents are refetched more often.

@@ -480,8 +480,11 @@ def test_sitemap_lastmod_is_worth_a_fetch_only_above_its_price():
     due.visits, due.next_fetch = 1, now - 1
     due.extra[RATE_KEY] = 1 / (7 * DAY)
     assert not cheap.sitemap_due(due, now - DAY, now)  # due already: nothing to bring forward
-    weekly.extra[MODIFIED_BAD_KEY] = 1  # its dates move without its content
-    assert not cheap.sitemap_due(weekly, now - DAY, now)
+    # Its Last-Modified moves without its content (a cache's fill time, a
+    # footer's clock): that says nothing of its sitemap lastmod, which the
+    # page's own claims check.
+    weekly.extra[MODIFIED_BAD_KEY] = 1
+    assert cheap.sitemap_due(weekly, now - DAY, now)
     for mode, answer in (("always", True), ("never", False)):
         s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=10 * DAY, lastmod_due=mode)
         assert s.sitemap_due(hourly, now - DAY, now) is answer
@@ -646,9 +649,10 @@ def test_a_truthful_sitemap_tells_a_pages_rate_without_a_fetch():
 def test_a_sitemap_brings_forward_what_its_record_allows():
     """Until TRUST_AFTER of the site's pages had their claims checked, a
     reading brings forward at most that many pages, those a fetch buys most
-    for; claims are noted on every moved page, due or not. A page whose
-    Last-Modified proved meaningless gets neither. Once the site's claims
-    proved false, none is brought forward, however cheap a fetch."""
+    for; claims are noted on every moved page, due or not, a page whose
+    Last-Modified proved meaningless too (the header is not the sitemap).
+    Once the site's claims proved false, none is brought forward, however
+    cheap a fetch."""
     now = 60 * DAY
     s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=3600)
     moved = []
@@ -659,9 +663,9 @@ def test_a_sitemap_brings_forward_what_its_record_allows():
         moved.append((page, 55 * DAY))
     moved[0][0].extra[MODIFIED_BAD_KEY] = 1
     due, claimed = s.sitemap_moved(moved, now)
-    assert len(due) == TRUST_AFTER and moved[0][0] not in due
+    assert len(due) == TRUST_AFTER
     assert {p.next_fetch - now for p in due} == {7 * DAY, 8 * DAY, 9 * DAY, 10 * DAY}  # the 20 that wait longest
-    assert claimed == [p for p, _ in moved[1:]] and CLAIM_KEY not in moved[0][0].extra
+    assert claimed == [p for p, _ in moved] and CLAIM_KEY in moved[0][0].extra
     assert s.sitemap_moved(moved, now) == (due, [])  # pending claims are not written again
     for page in due:
         s.set_fetched(page, now + DAY, changed=False)
@@ -797,8 +801,8 @@ def test_due_serves_announced_pages_first_until_their_first_fetch():
         r.visits, r.next_fetch = visits, due
         p.on_fetched(r, 0.0, ())
     order = [r.fingerprint for r in sorted((home, new, fetched, deep), key=p.effective, reverse=True)]
-    # The entry page and the page it announced, then by due time.
-    assert order == [1, 0, 2, 3]
+    # The entry page, the page it announced, then by due time.
+    assert order == [0, 1, 2, 3]
     off = DuePriority(levels=-1)
     for r in (home, new, fetched, deep):
         off.on_fetched(r, 0.0, ())
@@ -1056,8 +1060,14 @@ def test_last_modified_observations():
 
     from vertical.policies.estimate import history, observe_modified, parse_http_date
 
-    assert parse_http_date(formatdate(1_000_000, usegmt=True)) == 1_000_000
+    assert parse_http_date(formatdate(1_700_000_000, usegmt=True)) == 1_700_000_000
     assert parse_http_date("yesterday") is None and parse_http_date(None) is None
+    # Placeholders, not change times: the Unix and DOS epochs, year 1 (which
+    # the RFC 822 reader takes for 2001); a two-digit year is still a year.
+    for placeholder in ("Thu, 01 Jan 1970 00:00:01 GMT", "Tue, 01 Jan 1980 00:00:00 GMT",
+                        "Mon, 01 Jan 0001 00:00:00 GMT"):
+        assert parse_http_date(placeholder) is None
+    assert parse_http_date("Mon, 05 Feb 24 10:00:00 +0100") == 1_707_123_600
     s = 1234.0  # headers to the second: not at midnight, not on the hour (see the next test)
     extra: dict = {}
     # First visit: 3 days since the last change, a draw of the recurrence time.
@@ -1207,45 +1217,58 @@ def test_optimal_reads_last_modified_from_the_record():
     from email.utils import formatdate
 
     s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
-    page, bogus, plain = rec(1, level=2), rec(2, level=2), rec(3, level=2)
-    for r in (page, bogus, plain):
-        s.set_discovered(r, 0.0)
-    page.last_modified = formatdate(-100 * DAY + 1234, usegmt=True)  # untouched for 100 days
-    bogus.last_modified = formatdate(0, usegmt=True)  # "changed just now"
-    for r in (page, bogus, plain):
-        s.set_fetched(r, 0.0, changed=True)
+    now = 1.7e9
+    page, bogus, cached, plain = rec(1, level=2), rec(2, level=2), rec(3, level=2), rec(4, level=2)
+    for r in (page, bogus, cached, plain):
+        s.set_discovered(r, now)
+    page.last_modified = formatdate(now - 100 * DAY + 1234, usegmt=True)  # untouched for 100 days
+    bogus.last_modified = formatdate(now, usegmt=True)  # "changed just now"
+    cached.last_modified = formatdate(now - 600, usegmt=True)  # a cache filled ten minutes ago
+    for r in (page, bogus, cached, plain):
+        s.set_fetched(r, now, changed=True)
     assert page.extra["lm"][1] == 100 * DAY - 1234 and "lm" not in plain.extra
-    # "Changed just now" is not taken at its word: kept, not counted.
-    assert bogus.extra["lm"][:4] == [0, 0.0, 0.0, 0] and bogus.extra["lm"][4] == 0
-    assert s.rate(page) < s.rate(plain) == s.rate(bogus)
+    # "Changed just now", or within the shortest delay, is not taken at its
+    # word: kept, not counted. Counted, the page waited the longest delay.
+    for r in (bogus, cached):
+        assert r.extra["lm"][:2] == [0, 0.0] and r.extra["lm"][3:5] == [0, 0]
+        assert r.next_fetch - now == plain.next_fetch - now < 30 * DAY
+    assert s.rate(page) < s.rate(plain) == s.rate(bogus) == s.rate(cached)
     # The bogus header moves on an unchanged page: ignored from then on.
-    bogus.last_modified = formatdate(DAY, usegmt=True)
-    s.set_fetched(bogus, DAY, changed=False)
+    bogus.last_modified = formatdate(now + DAY, usegmt=True)
+    s.set_fetched(bogus, now + DAY, changed=False)
     assert "lm" not in bogus.extra and bogus.extra["lmx"] == 1 and counts(bogus.extra)[1] == 1
     # Without last_modified the header is not read.
     off = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, last_modified=False)
-    r = rec(4, level=2)
-    off.set_discovered(r, 0.0)
-    r.last_modified = formatdate(-100 * DAY, usegmt=True)
-    off.set_fetched(r, 0.0, changed=True)
+    r = rec(5, level=2)
+    off.set_discovered(r, now)
+    r.last_modified = formatdate(now - 100 * DAY, usegmt=True)
+    off.set_fetched(r, now, changed=True)
     assert "lm" not in r.extra
 
 
 def test_a_header_that_stays_while_the_page_changes_is_dropped():
-    """``Last-Modified: Thu, 01 Jan 1970`` (a server that does not know) on a
-    page that changes daily. Taken at its word the first visit says
-    "unchanged for 56 years", which no later visit outweighs: the page
-    would wait the longest delay for good. Once the page is seen changed
-    with the header still there, the header is dropped for the page."""
+    """A ``Last-Modified`` that is not the content's change time, on a page
+    that changes daily. ``Thu, 01 Jan 1970`` (a file's placeholder mtime) is
+    no date at all: taken at its word the first visit said "unchanged for 56
+    years", and the page waited the longest delay before any later visit
+    could say otherwise. A plausible date that stays (a publication date)
+    is dropped once the page is seen changed with the header still there."""
     from email.utils import formatdate
 
     s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
-    page = rec(1, level=2)
-    s.set_discovered(page, 0.0)
-    page.last_modified = formatdate(0, usegmt=True)
+    epoch, plain = rec(1, level=2), rec(2, level=2)
     now = 1.7e9
+    for r in (epoch, plain):
+        s.set_discovered(r, now)
+    epoch.last_modified = formatdate(1, usegmt=True)
+    for r in (epoch, plain):
+        s.set_fetched(r, now, changed=True)
+    assert "lm" not in epoch.extra and epoch.next_fetch == plain.next_fetch < now + 30 * DAY
+    page = rec(3, level=2)
+    s.set_discovered(page, now)
+    page.last_modified = formatdate(now - 5 * 365 * DAY, usegmt=True)
     s.set_fetched(page, now, changed=True)
-    assert page.extra["lm"][1] > 50 * 365 * DAY
+    assert page.extra["lm"][1] > 4 * 365 * DAY
     for _ in range(4):  # changed at every daily visit, the header never moves
         now += DAY
         s.set_fetched(page, now, changed=True)

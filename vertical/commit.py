@@ -93,7 +93,8 @@ class _Page:
     record: URLRecord
     waiting: int
     outlinks: list[URLRecord]
-    previous: tuple[int, dict[str, Any]]  # checksum and docs before this fetch
+    # What a failure restores: checksum, docs and validators before this fetch.
+    previous: tuple[int, dict[str, Any], str | None, str | None]
     rows: list[tuple[int, str]] = field(default_factory=list)  # delivered items: (id, payload)
     failed: bool = False
 
@@ -156,7 +157,7 @@ class FrontierCommit:
         """Apply the outcome to the record; commit it once ``items`` are settled."""
         scheduler = self.scheduler
         now = scheduler.now()
-        previous = (record.checksum, record.docs)
+        previous = (record.checksum, record.docs, record.etag, record.last_modified)
         response = outcome.response
         record.http_status = response.status
         harvest = 0.0
@@ -195,8 +196,11 @@ class FrontierCommit:
             record.extra.pop("failed_at", None)
             record.extra.pop("trap", None)
             record.checksum = outcome.checksum
-            record.etag = _header(response, b"ETag") or record.etag
-            record.last_modified = _header(response, b"Last-Modified") or record.last_modified
+            # The validators of this answer, none where it sent none: a stale
+            # ETag sent for ever would take precedence over a Last-Modified
+            # that still holds (RFC 9110, 13.2.2), and no 304 would come again.
+            record.etag = _header(response, b"ETag")
+            record.last_modified = _header(response, b"Last-Modified")
             scheduler.schedule.set_fetched(record, now, changed=changed)
         self.crawler.signals.send_catch_log(vertical_signals.page_fetched, record=record, outcome=outcome,
                                             changed=changed)
@@ -313,8 +317,9 @@ class FrontierCommit:
     def _settle(self, page: _Page, reason: str) -> None:
         record = page.record
         if page.failed:
-            # Not delivered: keep the old checksum so a later fetch emits again.
-            record.checksum, record.docs = page.previous
+            # Not delivered: keep the old checksum so a later fetch emits
+            # again, and the old validators, or that fetch would be a 304.
+            record.checksum, record.docs, record.etag, record.last_modified = page.previous
             self._failed(record, reason)
             page.rows.clear()
         self._commit(page)

@@ -36,7 +36,7 @@ from scrapy.utils.sitemap import Sitemap
 
 from vertical.config import host_allowed
 from vertical.extract import link_followed
-from vertical.policies.estimate import parse_http_date
+from vertical.policies.estimate import parse_http_date, plausible
 
 if TYPE_CHECKING:
     from scrapy.http import Response
@@ -191,7 +191,7 @@ def _date(value: str | None) -> float | None:
     if value is None:
         return None
     w3c = lastmod_time(value)
-    return w3c if w3c is not None else parse_http_date(value)
+    return plausible(w3c) if w3c is not None else parse_http_date(value)
 
 
 def _atom_entry(item: etree._Element, ns: str, base_url: str) -> SitemapEntry | None:
@@ -219,9 +219,12 @@ def _rss_entry(item: etree._Element, base_url: str) -> SitemapEntry | None:
 
 
 #: ``<link rel="alternate">`` to a feed, in a page's head (RSS and Atom
-#: autodiscovery); ``rel`` holds space-separated tokens, in any case.
+#: autodiscovery); ``rel`` holds space-separated tokens and ``type`` a media
+#: type, both in any case.
+_FEED_TYPE = "translate(normalize-space(@type), 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')"
 _FEED_LINKS = ("//head/link[@href][contains(concat(' ', normalize-space(translate(@rel, 'ALTERNATE', 'alternate')),"
-               " ' '), ' alternate ')][@type='application/rss+xml' or @type='application/atom+xml']/@href")
+               f" ' '), ' alternate ')][{_FEED_TYPE} = 'application/rss+xml' or {_FEED_TYPE} = 'application/atom+xml']"
+               "/@href")
 
 
 def feed_links(response: Response) -> list[str]:

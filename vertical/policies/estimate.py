@@ -55,7 +55,7 @@ import math
 import random
 import re
 from collections.abc import Iterable, MutableMapping, Sequence
-from datetime import timezone
+from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -76,6 +76,7 @@ __all__ = [
     "observe_listed",
     "observe_modified",
     "parse_http_date",
+    "plausible",
     "url_section",
     "naive_rate",
     "observe",
@@ -114,7 +115,13 @@ LISTED_KEY = "sml"
 MODIFIED_BAD_KEY = "lmx"
 #: Seconds: a Last-Modified closer than this to the response says nothing.
 RENDERED = 60.0
+#: No page changed before the web was in use (1991): an earlier Last-Modified
+#: or lastmod is a placeholder, the Unix epoch or the DOS and ZIP epoch
+#: (1980) that deployments and reproducible builds stamp on every file, and
+#: read as a change time it would say "unchanged for decades".
+EARLIEST_CHANGE = datetime(1991, 1, 1, tzinfo=timezone.utc).timestamp()
 _HOUR, _DAY = 3600.0, 86400.0
+_YEAR = re.compile(r"(?<![\d+-])\d{4}(?!\d)")  # not a zone, +0100
 _BINS = 9  # the last from 4^7 hours (683 days) on
 
 
@@ -210,17 +217,26 @@ def counts(extra: MutableMapping[str, Any]) -> tuple[int, int, float, float]:
 
 
 def parse_http_date(value: str | None) -> float | None:
-    """A ``Last-Modified`` header as a UNIX timestamp, None when absent or
-    unreadable (then it is no change signal)."""
+    """A ``Last-Modified`` header as a UNIX timestamp, None when absent,
+    unreadable or before :data:`EARLIEST_CHANGE` (then it is no change
+    signal)."""
     if not value:
         return None
     try:
         parsed = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
+    if (year := _YEAR.search(value)) and int(year.group()) != parsed.year:
+        return None  # a four-digit year read as two ("0001" as 2001)
     if parsed.tzinfo is None:  # RFC 9110 dates are GMT
         parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.timestamp()
+    return plausible(parsed.timestamp())
+
+
+def plausible(when: float | None) -> float | None:
+    """``when``, a change time a page or sitemap gave, unless it is before
+    :data:`EARLIEST_CHANGE`."""
+    return when if when is None or when >= EARLIEST_CHANGE else None
 
 
 def granularity(modified: float) -> float:
@@ -262,7 +278,7 @@ def changed_after(modified: float, fetched: float, now: float, rate: float = 0.0
 
 
 def observe_modified(extra: MutableMapping[str, Any], modified: float | None, now: float, previous: float,
-                     changed: bool, first: bool) -> bool:
+                     changed: bool, first: bool, first_rendered: float = RENDERED) -> bool:
     """Add one visit's ``Last-Modified`` (``modified``, a timestamp) to the
     observations kept in ``extra`` under :data:`MODIFIED_KEY`; ``previous``
     is the time of the last visit. Returns True when the visit was counted
@@ -272,7 +288,12 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
       page's backward recurrence time (counted in ``first``). A header
       within a minute of the response (:data:`RENDERED`) is not counted,
       here or later: pages rendered per request say "now", and taken at
-      their word they would look too fast to ever fetch again.
+      their word they would look too fast to ever fetch again. Nor, at the
+      first visit, one within ``first_rendered`` seconds (the schedule
+      passes its shortest delay): a cache in front of the page says when
+      it filled, and that one draw alone sent a page found changed two
+      minutes before its first visit to the longest delay. Later visits
+      weigh it against the page's content (below).
     * A change, and the header moved past the previous visit: a change at
       ``modified`` and none since.
     * No change and the header did not move: nothing here (``observe``
@@ -297,12 +318,15 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
     if modified is None or modified > now or extra.get(MODIFIED_BAD_KEY):
         return False
     obs = extra.get(MODIFIED_KEY)
-    # A Last-Modified within a minute of the response is most likely the
-    # time it was rendered: kept to compare with the next one, not counted.
-    rendered = now - modified < RENDERED
+    # A Last-Modified that recent is most likely the time the page was
+    # rendered or cached: kept to compare with the next one, not counted.
+    # At the first visit the bar is higher: that one draw decides the next
+    # delay alone, and "changed minutes ago" sends the page the longest.
+    age = now - modified
+    rendered = age < RENDERED
     if first or obs is None:
         extra[MODIFIED_KEY] = obs = [0, 0.0, modified, 0, 0, 0.0, 0.0]
-        if not first or rendered:
+        if not first or rendered or age < first_rendered:
             return False
         obs[3] = 1
         obs[6] = _count_change(obs, modified, _window_end(modified, now), now)

@@ -45,9 +45,12 @@ class DuePriority(PriorityPolicy):
     """Earliest due first (``priority = -next_fetch``): when more pages are due
     than can be fetched, the longest overdue goes first, so a page with a
     short refetch delay does not wait behind a month-old one due at the same
-    time. The entry pages (level 0) and the new pages at ``level <= levels``
-    (by default those the entry pages announce, until their first fetch) go
-    before all others, as in Loki; ``levels=-1`` turns that off. Once
+    time. The entry pages (level 0), then the new pages at ``level <= levels``
+    (by default those the entry pages announce, until their first fetch), go
+    before all others, as in Loki; ``levels=-1`` turns that off. An entry
+    page goes first even so: behind a backlog of the pages it announced
+    (a small budget takes days to fetch them) it would announce no new one
+    meanwhile, nor bring its feeds to be read. Once
     fetched, an announced page waits its turn like any other: served first
     it would push the lateness of a crawl running behind its due times onto
     every other page (in the simulator, on a site announcing 5 pages a day
@@ -74,7 +77,9 @@ class DuePriority(PriorityPolicy):
         self.probes = probes
 
     def _set(self, record: URLRecord) -> None:
-        if record.level <= self.levels and (record.level == 0 or not record.visits):
+        if record.level == 0 and self.levels >= 0:
+            boost = 2 * LEVEL_SPAN
+        elif record.level <= self.levels and not record.visits:
             boost = LEVEL_SPAN
         elif self.probes and (PROBING_KEY in record.extra or CHECKING_KEY in record.extra):
             boost = LEVEL_SPAN / 2

@@ -28,7 +28,6 @@ from vertical.policies.base import FetchSchedule
 from vertical.policies.claims import CLAIM_KEY, CLAIMS_KEY, SitemapTruth, check_claim, note_claim
 from vertical.policies.estimate import (
     LISTED_KEY,
-    MODIFIED_BAD_KEY,
     RENDERED,
     History,
     RateDistribution,
@@ -537,14 +536,12 @@ class OptimalSchedule(FetchSchedule):
         :func:`~vertical.policies.estimate.changed_after`) and by the odds
         that the page's lastmod dates its changes at all
         (:meth:`sitemap_trust`). A page changing too fast to be kept fresh
-        (or whose Last-Modified moves without its content: see
-        :func:`~vertical.policies.estimate.observe_modified`) is left to its
-        schedule; with ``lastmod_due="always"`` every change is due now, with
-        ``"never"`` none."""
+        is left to its schedule; with ``lastmod_due="always"`` every change
+        is due now, with ``"never"`` none. (A page's Last-Modified that moves
+        without its content says nothing of its sitemap lastmod, which has
+        checks of its own.)"""
         if self.lastmod_due != "worth":
             return self.lastmod_due == "always"
-        if record.extra.get(MODIFIED_BAD_KEY):
-            return False
         rate = self.rate(record)
         return self._sitemap_worth(record, changed_after(modified, record.fetch_time, now, rate), rate, now) > 1.0
 
@@ -580,9 +577,8 @@ class OptimalSchedule(FetchSchedule):
         written: dict[int, URLRecord] = {}
         moved = []
         for record, lastmod in listed:
-            if record.extra.get(MODIFIED_BAD_KEY) or now - lastmod < RENDERED:
-                # Its dates move without its content, or this one is the time
-                # the sitemap was generated (on request): no claim, no change.
+            if now - lastmod < RENDERED:
+                # The time the sitemap was generated (on request): no claim, no change.
                 continue
             kept = record.extra.get(LISTED_KEY)
             if kept is not None and lastmod <= kept[2]:
@@ -622,10 +618,6 @@ class OptimalSchedule(FetchSchedule):
         # is learned once, for every page and every reading to come.
         learning = self.lastmod_due == "worth" and self.sitemap_truth.pages < TRUST_AFTER
         for record, modified in moved:
-            if record.extra.get(MODIFIED_BAD_KEY):
-                # Its Last-Modified proved meaningless, and its lastmod is
-                # unheeded: checked, it would only lower the odds of the rest.
-                continue
             rate = self.rate(record)
             odds = changed_after(modified, record.fetch_time, now, rate)
             if odds <= 0:
@@ -681,7 +673,7 @@ class OptimalSchedule(FetchSchedule):
 
     def _told(self, record: URLRecord, seen: History) -> History | None:
         """``seen`` with what the sitemaps said of ``record`` (None: nothing)."""
-        if record.extra.get(MODIFIED_BAD_KEY) or self.sitemap_truth.pages < TRUST_AFTER:
+        if self.sitemap_truth.pages < TRUST_AFTER:
             # Until the site's claims were checked, what its lastmods say is
             # not weighed: a sitemap that stamps every page would make them
             # all look like pages that change daily.
@@ -734,17 +726,15 @@ class OptimalSchedule(FetchSchedule):
         if self.last_modified and not hub:
             # The header of this response (the commit sets it before this call).
             modified = parse_http_date(record.last_modified)
-            counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first)
+            counted = observe_modified(record.extra, modified, now, record.fetch_time, changed, first,
+                                       first_rendered=self.min_delay)
         probed = record.extra.pop(PROBING_KEY, None)
         checking = record.extra.pop(CHECKING_KEY, None)
         if anyway is not None:
-            if record.extra.get(MODIFIED_BAD_KEY):
-                record.extra.pop(CLAIM_KEY)  # its dates move without its content: unheeded, unchecked
-            else:
-                before = record.extra.get(CLAIMS_KEY)
-                after = check_claim(record.extra, changed, anyway)
-                if after is not None:
-                    self.sitemap_truth.update(None if before is None else float(before), after)
+            before = record.extra.get(CLAIMS_KEY)
+            after = check_claim(record.extra, changed, anyway)
+            if after is not None:
+                self.sitemap_truth.update(None if before is None else float(before), after)
         if not first and now >= record.next_fetch:
             # How far behind their due times the visits come (a moving mean
             # over the last ~100), and apart from them the probes (~20), which

@@ -37,6 +37,11 @@ from vertical.sim.site import Site
 __all__ = ["FetchLog", "PolicySpec", "policy_specs", "simulate"]
 
 DAY = 86400.0
+#: The simulated crawl's day 0 as a Unix time, 2024-10-04 00:00 UTC: the
+#: schedule sees the dates a real crawl's clock gives (a Last-Modified before
+#: 1991 is no change time to it), at midnight (a date without its hour is
+#: one still).
+CLOCK = 20_000 * DAY
 #: A site that stamps its pages with its build builds at 03:00 (in days).
 BUILT_AT = 0.125
 #: Budget left in a tick with nothing due goes, as in the crawler, to the
@@ -278,8 +283,8 @@ def simulate(
         page whose lastmod is after its last fetch has changed since, and
         the schedule says which are worth fetching now (the crawler's
         Scheduler.sitemap_entries)."""
-        now_s = now * DAY
-        listed = [(rec, published(rec.fingerprint, now) * DAY) for rec in documents
+        now_s = CLOCK + now * DAY
+        listed = [(rec, CLOCK + published(rec.fingerprint, now) * DAY) for rec in documents
                   if rec.visits and publishes[rec.fingerprint]]
         for rec in schedule.sitemap_read(listed, now_s)[0]:
             if rec.next_fetch <= now_s:
@@ -290,7 +295,7 @@ def simulate(
             queued[rec.fingerprint] = 1
 
     for i in range(0 if not oracle else n_hubs, first_new):
-        discover(i, None, 0.0)
+        discover(i, None, CLOCK)
     revealed = 0  # oracle: created pages made known so far
 
     tokens = 0.0
@@ -298,7 +303,7 @@ def simulate(
     report_every = max(1, n_ticks // 10)
     for k in range(n_ticks):
         now = k * tick
-        now_s = now * DAY
+        now_s = CLOCK + now * DAY
         if oracle:
             while revealed < len(created_new) and created_new[revealed] <= now:
                 discover(first_new + revealed, None, now_s)
@@ -375,7 +380,7 @@ def simulate(
                 host_tokens[h] -= 1.0
             queued[i] = 0
             t = now + tick * min(spent / allowance, 0.999)
-            t_s = t * DAY
+            t_s = CLOCK + t * DAY
             lo = last[i]
             c = bisect_right(ct, t, lo, off[i + 1])
             last[i] = c
@@ -395,7 +400,7 @@ def simulate(
                 overhead += 1  # a page found during the run; not the initial crawl
             if headers and publishes[i]:
                 # The response's Last-Modified, set on the record as the commit does.
-                rec.last_modified = formatdate(published(i, t) * DAY, usegmt=True)
+                rec.last_modified = formatdate(CLOCK + published(i, t) * DAY, usegmt=True)
             set_fetched(rec, t_s, changed)
             if outlinks:
                 before = [o.priority for o in outlinks]
