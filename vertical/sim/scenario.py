@@ -163,6 +163,7 @@ _KEYS = {
 #: Each distribution of ``change_interval`` and its own keys.
 _DISTRIBUTIONS = {"lognormal": ("median_days", "sigma"), "weibull": ("shape", "scale_days"),
                   "pareto": ("min_days", "alpha")}
+_ALL_DISTRIBUTION_KEYS = {key for keys in _DISTRIBUTIONS.values() for key in keys}
 
 
 def _number(value: Any, key: str, *, low: float | None = None, high: float | None = None) -> float:
@@ -223,7 +224,7 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
     if "static_share" in data:
         kw["static_share"] = _number(data["static_share"], "static_share", low=0, high=1)
     if "change_interval" in data:
-        dist = data["change_interval"].get("dist") if isinstance(data["change_interval"], Mapping) else None
+        dist = _mapping(data["change_interval"], "change_interval", {"dist", *_ALL_DISTRIBUTION_KEYS}).get("dist")
         if dist not in _DISTRIBUTIONS:
             raise ScenarioError(f"change_interval.dist: expected lognormal, weibull or pareto, got {dist!r}")
         ci = _mapping(data["change_interval"], "change_interval", {"dist", *_DISTRIBUTIONS[dist]})
