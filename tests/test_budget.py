@@ -572,3 +572,23 @@ def test_pages_robots_txt_forbids_do_not_spend_the_budget(tmp_path):
     assert all(int(path[5:]) % 2 for path in pages if path != "/")
     assert len(pages) == per_day
     assert result.stat("vertical/budget/unsent") == result.stat("vertical/robots/forbidden") > 0
+
+
+def test_under_a_budget_entry_pages_wait_for_their_schedule(tmp_path):
+    """A run brings its entry URLs forward once ``refetch.min`` has passed,
+    as start URLs; under a budget that fetch is the budget's, and cron runs
+    every 6 hours spent 4 fetches a day of 12.5 on a home page whose
+    schedule asked for one every ten days or so. Now it waits for its
+    schedule as any page does: a run 6 hours after it, with its next fetch
+    planned ten days on, leaves it. Counted at the server."""
+    with serve(LibrarySite(documents=40)) as server:
+        config = _library(tmp_path, server.url, 100)  # every document in the first run
+        store = tmp_path / "f.sqlite3"
+        crawl(config, store, tmp_path, tag="0")
+        with open_frontier(f"sqlite:///{store}") as frontier:
+            home = next(r for r in frontier.iter_records("library") if r.level == 0)
+            home.next_fetch = home.fetch_time + 10 * DAY  # what a learned hub delay says
+            frontier.save([home])
+        server.clear_log()
+        crawl(config, store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": 6 * 3600})
+    assert "/" not in [r["path"] for r in server.requests]

@@ -1157,7 +1157,11 @@ class FrontierScheduler(BaseScheduler):
                 taken_per_host[host] += 1
             else:
                 left.append(record)
-        seeds = [fp for fp in known if batch[fp][4]]
+        # Entry URLs come again at each run once refetch.min has passed, as
+        # start URLs do; under a budget they wait for their schedule like any
+        # page (a hub's delay: refetched for what they announce), or a cron
+        # run every 6 hours spent 4 fetches a day of 12.5 on the home page.
+        seeds = [fp for fp in known if batch[fp][4]] if not self.site.refetch.budget else []
         min_age = self.site.refetch.min
 
         def insert() -> tuple[list[URLRecord], int]:  # on the store thread
