@@ -259,6 +259,18 @@ def test_allowance_starts_with_a_day_and_fills_at_the_budget_rate():
     assert draw(state, 1000, now=8 * DAY, per_day=24.0)["drawn"] == 24.0
 
 
+def test_daily_runs_spend_a_fractional_budget_whole():
+    """At 12.5 fetches a day, runs a day apart that each take all they may
+    fetch 12 and 13 in turn: the half a fetch a run leaves is there the next
+    day (an allowance capped at 12.5 lost it, and every run fetched 12)."""
+    state, fetched = None, []
+    for day in range(20):
+        state = draw(state, 1000, now=day * DAY, per_day=12.5)
+        fetched.append(state["drawn"])
+    assert sum(fetched[1:]) == pytest.approx(12.5 * 19, abs=1.0)
+    assert max(fetched) == 13.0
+
+
 def test_allowance_takes_back_what_a_run_did_not_spend():
     state = draw(None, 20, now=0.0, per_day=24.0)
     state = draw(state, -15, now=60.0, per_day=24.0)  # given back a minute later

@@ -129,13 +129,16 @@ def draw(stored: Any, want: float, now: float, per_day: float, paced: bool = Fal
 
     ``stored`` is what the store held (None at first: a full day's budget
     and a full pace). Tokens accrue at ``per_day / 86400`` a second since
-    ``"at"``, up to ``per_day`` in the allowance and :func:`pace_burst` in
+    ``"at"``, up to ``per_day`` (rounded up) in the allowance and :func:`pace_burst` in
     the pace; the clock never runs back, so processes whose clocks differ
     (``VERTICAL_TIME_OFFSET``) do not count the same seconds twice. A
     ``paced`` draw takes from both; fetches given back go to the allowance
     only. For the store's ``update_meta``: pure, and the same answer when
     called again."""
-    cap, pace_cap = max(per_day, 1.0), pace_burst(per_day)
+    # A day's budget, rounded up to whole fetches: at 12.5 a day a daily run
+    # that leaves half a fetch must find it the next day (capped at 12.5, it
+    # was lost, and every run fetched 12).
+    cap, pace_cap = max(float(math.ceil(per_day)), 1.0), pace_burst(per_day)
     try:
         tokens, at = float(stored["tokens"]), float(stored["at"])
     except (TypeError, KeyError, ValueError):
