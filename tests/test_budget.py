@@ -236,8 +236,11 @@ def test_continuous_crawl_processes_share_one_pace_however_they_start(tmp_path):
 
 
 def test_a_budget_above_politeness_is_capped_and_said(tmp_path):
+    """Politeness allows one request per delay: Scrapy's download slot sends
+    no faster whatever its concurrency (the ceiling counted 4 a second at a
+    concurrency of 4, and a host slower than its share went unpriced)."""
     with serve(DemoSite(seed=0)) as server:
-        site = site_file(tmp_path, server.url, politeness={"delay": 1.0, "concurrency": 1},
+        site = site_file(tmp_path, server.url, politeness={"delay": 1.0, "concurrency": 4},
                          refetch={"budget": "1000000/d"})
         result = crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"pages": 1})
     assert result.stats["vertical/budget/per_day"] == DAY  # one a second

@@ -150,8 +150,8 @@ class RefetchConfig:
     """Refetch delays in seconds; ``params`` are the schedule's own keys.
 
     ``budget`` is the fetches a day the user grants the site, None for
-    ``auto`` (the default): what politeness allows,
-    86,400 x ``politeness.concurrency`` / ``politeness.delay``. ``ahead``:
+    ``auto`` (the default): what politeness allows
+    (:meth:`PolitenessConfig.fetches_per_day`). ``ahead``:
     how long before its due time a continuous crawl with a budget may fetch
     a page, when nothing is due and the budget would go unspent (0: never)."""
 
@@ -175,6 +175,14 @@ class PolitenessConfig:
     robots: bool = True
     crawl_delay_max: float = 30.0
     user_agent: str | None = None
+
+    def fetches_per_day(self, delay: float | None = None) -> float:
+        """What politeness lets one host take a day at ``delay`` (by default
+        the site's): one request per delay, as Scrapy's download slot sends
+        them whatever its concurrency; without a delay, ``concurrency`` at
+        once, counted at 0.05 s a request."""
+        delay = self.delay if delay is None else delay
+        return 86400.0 / delay if delay > 0 else 86400.0 * self.concurrency / 0.05
 
 
 @dataclass(frozen=True)

@@ -421,7 +421,7 @@ class FrontierScheduler(BaseScheduler):
         ``auto`` what politeness allows; never more than politeness allows.
         Written to the store's meta (``budget``) for ``vertical-status``."""
         pol = self.site.politeness
-        ceiling = 86400.0 * pol.concurrency / max(pol.delay, 0.05)
+        ceiling = pol.fetches_per_day()
         asked = self.site.refetch.budget
         per_day = ceiling if asked is None else min(asked, ceiling)
         if asked is not None and asked > ceiling:
@@ -479,7 +479,7 @@ class FrontierScheduler(BaseScheduler):
         hosts: dict[str, tuple[int, list[float], float]] = {}
         free_pages, free_rates = 0, []
         for host, (pages, host_rates) in by_host.items():
-            cap = share * 86400.0 * pol.concurrency / max(self._host_delay(host), 0.05)
+            cap = share * pol.fetches_per_day(self._host_delay(host))
             if pages * fastest > cap:
                 hosts[host] = (pages, host_rates, cap)
             else:
