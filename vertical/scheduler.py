@@ -798,7 +798,8 @@ class FrontierScheduler(BaseScheduler):
 
     def unsent(self, request: Request) -> None:
         """A page request this scheduler handed out is dropped unsent
-        (robots.txt forbids it, its host asked to wait): its fetch goes back
+        (robots.txt forbids it, its host asked to wait, a trap guard refuses
+        it): its fetch goes back
         to what the run holds from the allowance. Not a redirect or a retry
         of it, whose page's first request went out."""
         meta = request.meta
