@@ -1105,8 +1105,19 @@ class FrontierScheduler(BaseScheduler):
             # Pages this process fetched still count as due until written back.
             await self.commit.flush()
         stores, now = self._stores, self.now()
-        due = await self._call(self.frontier.next_due, self.site.name, now, self.lane,
-                               fetched_before=self.fetched_before, exclude_hosts=self._held_back())
+        frontier, held_back = self.frontier, self._held_back()
+
+        def due_here() -> float | None:  # on the store thread
+            due = frontier.next_due(self.site.name, now, self.lane, fetched_before=self.fetched_before,
+                                    exclude_hosts=held_back)
+            if due is None:
+                # Nothing due ends the crawl: not on the word of a store that
+                # lost everything (a Redis restarted empty between two writes
+                # answered so, and the crawl finished as if the site were done).
+                frontier.check_intact()
+            return due
+
+        due = await self._call(due_here)
         # Due and free now, or held by a lease that may yet run out: wait.
         self._pending_cache = (time.monotonic(), stores, due is not None and due <= now + self.lease)
 
