@@ -799,9 +799,8 @@ class FrontierScheduler(BaseScheduler):
     def unsent(self, request: Request) -> None:
         """A page request this scheduler handed out is dropped unsent
         (robots.txt forbids it, its host asked to wait, a trap guard refuses
-        it): its fetch goes back
-        to what the run holds from the allowance. Not a redirect or a retry
-        of it, whose page's first request went out."""
+        it): its fetch goes back to what the run holds from the allowance.
+        Not a redirect or a retry of it, whose page's first request went out."""
         meta = request.meta
         if self.allowance is not None and META_RECORD in meta and not (
                 meta.get(META_DIRECT) or meta.get("redirect_times") or meta.get("retry_times")):
