@@ -142,6 +142,13 @@ def _refresh_fetches_per_day(site: Site, scn: Scenario, budget: float) -> float:
     return max(per_day - scn.new_pages_per_day, 0.0)
 
 
+def oracle_floor(scn: Scenario, per_day: float, pages: int) -> float:
+    """The oracle's least refetch frequency (per second): once per
+    ``refetch.max``, unless that takes more than ORACLE_MAX_SHARE of the
+    budget (the rule of OptimalSchedule.set_budget)."""
+    return min(1.0 / scn.refetch["max"], ORACLE_MAX_SHARE * per_day / DAY / max(pages, 1))
+
+
 def _build(spec: PolicySpec, site: Site, scn: Scenario, budget: float) -> tuple[FetchSchedule, PriorityPolicy]:
     ref = scn.refetch
     base = {"initial": ref["initial"], "min_delay": ref["min"], "max_delay": ref["max"], "factor": ref["factor"]}
@@ -152,9 +159,7 @@ def _build(spec: PolicySpec, site: Site, scn: Scenario, budget: float) -> tuple[
     weights = np.log1p(site.size).tolist() if spec.oracle == "q" else None
     docs = slice(site.n_hubs, site.n)
     per_day = _refresh_fetches_per_day(site, scn, budget)
-    # The rule of OptimalSchedule.set_budget: refetch.max may take at most
-    # half the budget, past that the budget wins.
-    f_min = min(1.0 / ref["max"], ORACLE_MAX_SHARE * per_day / DAY / max(site.n - site.n_hubs, 1))
+    f_min = oracle_floor(scn, per_day, site.n - site.n_hubs)
     f_max = 1.0 / ref["min"] if ref["min"] > 0 else math.inf
     host_mu: dict[str, float] = {}
     if site.host is None:

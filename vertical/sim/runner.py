@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from vertical.policies.oracle import oracle_allocation
-from vertical.sim.engine import DAY, ORACLE_MAX_SHARE, PolicySpec, _refresh_fetches_per_day, policy_specs, simulate
+from vertical.sim.engine import DAY, PolicySpec, _refresh_fetches_per_day, oracle_floor, policy_specs, simulate
 from vertical.sim.metrics import score
 from vertical.sim.scenario import Scenario
 from vertical.sim.site import Site, make_site
@@ -47,10 +47,9 @@ def _closed_forms(site: Site, scn: Scenario, budget: float) -> dict[str, float]:
     ref = scn.refetch
     rates = site.rate[site.n_hubs :].tolist()
     per_day = _refresh_fetches_per_day(site, scn, budget)
-    # The simulated oracle's floor: refetch.max within ORACLE_MAX_SHARE of the
-    # budget (at 0.02 fetches a page a day a floor of 1/max alone spent 100
-    # fetches a day of 60).
-    f_min = min(DAY / ref["max"], ORACLE_MAX_SHARE * per_day / max(len(rates), 1))
+    # The simulated oracle's floor (at 0.02 fetches a page a day a floor of
+    # 1/max alone spent 100 fetches a day of 60).
+    f_min = DAY * oracle_floor(scn, per_day, len(rates))
     bounded = oracle_allocation(rates, per_day, f_min=f_min, f_max=DAY / ref["min"] if ref["min"] else math.inf)
     free = oracle_allocation(rates, per_day)
     return {"freshness_closed_form": bounded.freshness, "freshness_unbounded_closed_form": free.freshness}
