@@ -1,7 +1,7 @@
 """Where a schedule's freshness goes, by the pages' true change rate
 (benchmarks/FRESHNESS.md, "Where the cells below 90% lose").
 
-    python benchmarks/freshness/groups.py SCENARIO BUDGET SEED [NAME=VALUE ...]
+    python benchmarks/freshness/groups.py SCENARIO BUDGET SEED [NAME=VALUE ...] [--steady]
 
 Runs uniform, the oracle and the scenario's ``after`` schedule (its
 parameters overridden by ``NAME=VALUE``, numbers) on one family scenario and
@@ -11,7 +11,9 @@ window, the freshness each policy loses there against the oracle (a share of
 the whole site's), and how evenly each spreads its fetches over the group's
 pages: the coefficient of variation of the per-page fetch counts, and the
 freshness the same fetches would give evenly spaced, at each page's own
-count and at the group's mean count.
+count and at the group's mean count. With ``--steady`` the run lasts 500
+days, the first 250 warm-up (``horizon.py``'s steady state), instead of the
+scenario's window.
 """
 
 from __future__ import annotations
@@ -30,14 +32,21 @@ from vertical.sim.metrics import page_freshness  # noqa: E402
 from vertical.sim.scenario import load_scenario  # noqa: E402
 from vertical.sim.site import make_site  # noqa: E402
 
+from horizon import WINDOWS  # noqa: E402
+
 LABELS = ("uniform", "oracle", "after")
 EDGES = (0.0, 1e-9, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, np.inf)
 
 
 def main(argv: list[str]) -> None:
+    steady = "--steady" in argv
+    argv = [a for a in argv if a != "--steady"]
     name, budget, seed = argv[0], float(argv[1]), int(argv[2])
     params = {k: float(v) for k, v in (a.split("=", 1) for a in argv[3:])}
     scn = load_scenario(HERE / "family" / f"{name}.yaml")
+    if steady:
+        horizon, warmup = WINDOWS[500]
+        scn = dataclasses.replace(scn, horizon_days=horizon, warmup_days=warmup)
     site = make_site(scn, seed)
     warmup = float(scn.warmup_days)
     specs = {s.label: s for s in policy_specs(scn)}
