@@ -9,7 +9,7 @@ import pytest
 from tests.crawling import REPO, crawl, serving, site_file, small_site
 from tests.test_robots import SmallSite, html
 from vertical.demo.server import serve
-from vertical.demo.site import DemoSite
+from vertical.demo.site import DemoResponse, DemoSite
 from vertical.frontier.sqlite import SQLiteFrontier
 
 TRAPS_CONFIG = REPO / "sites" / "demo-traps.yaml"
@@ -116,3 +116,37 @@ def test_a_page_of_more_links_than_the_cap_gives_the_first_ones(tmp_path):
         result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
     assert sorted(server.log) == sorted(["/robots.txt", "/", *links[:25]])
     assert result.stat("vertical/trap/max_links_per_page") == 1
+
+
+class FilesSite:
+    """A home page linking ``n`` HTML pages and ``n`` small PDFs (URLs
+    without an extension, so that only the answer's type tells)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def render(self, path: str, host: str = "", headers: object = None) -> DemoResponse:
+        if path == "/":
+            links = "".join(f'<a href="/page/{i}">p</a><a href="/file/{i}">f</a>' for i in range(self.n))
+            return DemoResponse(200, {"Content-Type": "text/html"}, f"<html><body>{links}</body></html>".encode())
+        if path.startswith("/page/"):
+            return DemoResponse(200, {"Content-Type": "text/html"}, b"<html><body><h1>page</h1></body></html>")
+        if path.startswith("/file/"):
+            return DemoResponse(200, {"Content-Type": "application/pdf"}, b"%PDF-1.4 " + b"x" * 200)
+        return DemoResponse(404, {"Content-Type": "text/plain"}, b"")
+
+
+def test_a_download_stopped_at_its_headers_sends_no_request_twice(tmp_path):
+    """Scrapy closes the connection of a download stopped at its headers
+    (a PDF, ``not_text``) from the callback that delivers them. When the small
+    body came in the same read, Twisted gave the closing connection back to
+    its pool, the next request went out on it and was lost, and the pool's
+    automatic retry sent it again: 4 to 11 pages of 60 twice at the server,
+    one response in the crawl (``vertical/download.py``)."""
+    with serve(FilesSite(60)) as server:
+        site = small_site(tmp_path, "files", server.url, politeness={"delay": 0, "concurrency": 4})
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    fetched = [r["path"] for r in server.requests if r["path"] != "/robots.txt"]
+    assert result.stat("vertical/trap/not_text") == 60
+    assert len(fetched) == 121
+    assert len(set(fetched)) == 121, sorted(p for p in set(fetched) if fetched.count(p) > 1)

@@ -145,6 +145,11 @@ DOWNLOAD_DELAY = 1.0
 DOWNLOAD_DELAY_JITTER = 0
 DOWNLOAD_TIMEOUT = 30
 DOWNLOAD_MAXSIZE = 16 * 1024 * 1024
+# Scrapy's HTTP/1.1 handler on a pool that does not reuse a connection being
+# closed: a download stopped at its headers otherwise sent the next request
+# on that connection twice (vertical/download.py).
+DOWNLOAD_HANDLERS = {"http": "vertical.download.HTTPDownloadHandler",
+                     "https": "vertical.download.HTTPDownloadHandler"}
 DOWNLOAD_WARNSIZE = 4 * 1024 * 1024
 RETRY_TIMES = 2
 COOKIES_ENABLED = True

@@ -1,0 +1,45 @@
+"""Scrapy's HTTP/1.1 download handler, with a connection pool that never
+hands out a connection that is being closed.
+
+Scrapy closes the connection of a download it stops at the headers (a
+``StopDownload`` from ``headers_received``, as the trap guards raise for a
+PDF, or a ``Content-Length`` over ``DOWNLOAD_MAXSIZE``) from inside the
+callback that delivers them. When the whole body came in the same read as
+the headers, Twisted then finishes the response and gives the closing
+connection back to the pool. The next request to the host is written to it,
+the connection closes before the answer, and the pool's automatic retry of
+idempotent requests sends it again on a new connection: the server answers
+the same GET twice, and the crawl sees one response. On a site of small PDFs
+fetched four at a time that was 5 to 11 requests in 60, outside the budget.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
+from twisted.web.client import HTTPConnectionPool
+
+__all__ = ["HTTPDownloadHandler"]
+
+
+class _Pool(HTTPConnectionPool):
+    def _putConnection(self, key: Any, connection: Any) -> None:
+        transport = connection.transport
+        if transport is None or getattr(transport, "disconnecting", False):
+            return  # closing: not reused, and nothing to cache
+        super()._putConnection(key, connection)
+
+
+class HTTPDownloadHandler(HTTP11DownloadHandler):
+    """``http`` and ``https`` (``DOWNLOAD_HANDLERS``): Scrapy's handler on
+    a pool that keeps only connections still open."""
+
+    def __init__(self, crawler: Any) -> None:
+        super().__init__(crawler)
+        from twisted.internet import reactor
+
+        pool = _Pool(reactor, persistent=True)
+        pool.maxPersistentPerHost = self._pool.maxPersistentPerHost
+        pool._factory = self._pool._factory
+        self._pool = pool
