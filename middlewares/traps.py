@@ -78,13 +78,13 @@ class TrapGuardMiddleware:
         if reason is None:
             return response
         record.http_status = response.status
-        self._settle(request, record, reason)
+        self._settle(request, record, reason, answered=True)
         raise IgnoreRequest(f"trap ({reason}): {response.url}")
 
-    def _settle(self, request: Request, record: URLRecord, reason: str) -> None:
+    def _settle(self, request: Request, record: URLRecord, reason: str, *, answered: bool = False) -> None:
         self.stats.inc_value(f"vertical/trap/{reason}")
         until = self.crawler.engine.scheduler.now() + self.recheck  # type: ignore[union-attr]
-        self.crawler.get_extension(FrontierCommit).page_parked(record, TRAP, until, reason)
+        self.crawler.get_extension(FrontierCommit).page_parked(record, TRAP, until, reason, answered=answered)
         # Settled here: without its record the spider's errback leaves it alone.
         del request.meta[META_RECORD]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from tests.test_robots import SmallSite, html
 from vertical.demo.server import serve
 from vertical.demo.site import DemoResponse, DemoSite
 from vertical.frontier.sqlite import SQLiteFrontier
+from vertical.status import summarize
 
 TRAPS_CONFIG = REPO / "sites" / "demo-traps.yaml"
 # The calendar is the one trap no guard can see in a single URL or response:
@@ -150,3 +152,12 @@ def test_a_download_stopped_at_its_headers_sends_no_request_twice(tmp_path):
     assert result.stat("vertical/trap/not_text") == 60
     assert len(fetched) == 121
     assert len(set(fetched)) == 121, sorted(p for p in set(fetched) if fetched.count(p) > 1)
+    # The PDFs were fetched, and are spent: vertical-status counted only the
+    # 61 pages, 53% of what the server answered.
+    frontier = SQLiteFrontier(tmp_path / "f.sqlite3")
+    try:
+        summary = summarize(frontier.iter_records("files"), time.time())["files"]["total"]
+    finally:
+        frontier.close()
+    assert summary["fetched_day"] == 121
+    assert summary["traps"] == {"not_text": 60}

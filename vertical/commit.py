@@ -262,14 +262,19 @@ class FrontierCommit:
         record.extra["failed_at"] = now
         self.scheduler.schedule.set_failed(record, now)
 
-    def page_parked(self, record: URLRecord, state: str, until: float, reason: str | None = None) -> None:
+    def page_parked(self, record: URLRecord, state: str, until: float, reason: str | None = None, *,
+                    answered: bool = False) -> None:
         """A page not fetched (robots.txt, a postponed host) or rejected as a
         trap: stored in ``state`` and left alone until ``until`` (scheduler
-        time), when it is examined again."""
+        time), when it is examined again. A page whose answer was the trap
+        (``answered``) cost a fetch: it is dated as a failed fetch is, so
+        that ``vertical-status`` counts it in the day's spend."""
         record.state = state
         record.next_fetch = until
         if reason is not None:
             record.extra["trap"] = reason
+        if answered:
+            record.extra["failed_at"] = self.scheduler.now()
         self._write(record)
 
     # -- items -----------------------------------------------------------------------

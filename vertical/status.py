@@ -22,7 +22,8 @@ What a summary holds (the same keys for a site's ``total`` and each host):
   spread over the current delay, a rough lower bound);
 * ``last_fetch``: the latest ``fetch_time`` (None when never);
 * ``fetched_day``: records last fetched, or last tried by a fetch that
-  failed (``extra["failed_at"]``), within the day before ``now``: the spend
+  failed or answered a trap (``extra["failed_at"]``), within the day before
+  ``now``: the spend
   to hold against the site's budget (a record fetched twice that day
   counts once, so a floor on the spend);
 * ``errors``: records whose last answer was a 5xx, or that count failures
@@ -225,6 +226,13 @@ def _row(name: str, s: dict[str, Any], now: float) -> tuple[str, ...]:
     )
 
 
+def _number(x: float) -> str:
+    """A count of fetches as people write it: ``1,234,567``, ``12.5``, ``0.5``."""
+    if x >= 1e15:  # beyond any crawl's day; a budget of 1e300 is still a number
+        return f"{x:.3g}"
+    return f"{x:,.0f}" if x >= 100 or x == int(x) else f"{x:.3g}"
+
+
 def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
     """``"120 fetches in the last 24h of a budget of 200 a day (60%)"``."""
     text = f"{fetched} fetches in the last 24h"
@@ -233,10 +241,10 @@ def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
     per_day = budget["per_day"]
     source = "refetch.budget" if budget.get("asked") is not None else "auto: what politeness allows"
     if budget.get("asked") is not None and budget["asked"] > per_day:
-        source = f"refetch.budget {budget['asked']:g}, capped by politeness"
-    text = f"{text} of a budget of {per_day:g} a day ({fetched / per_day:.0%}; {source})"
+        source = f"refetch.budget {_number(budget['asked'])}, capped by politeness"
+    text = f"{text} of a budget of {_number(per_day)} a day ({fetched / per_day:.0%}; {source})"
     if budget.get("allowance") is not None:
-        text += f"; {budget['allowance']:g} left in its allowance now"
+        text += f"; {_number(budget['allowance'])} left in its allowance now"
     return text
 
 
