@@ -104,6 +104,17 @@ def test_the_spend_counts_fetches_that_failed():
     assert summarize(records, NOW)["movies"]["total"]["fetched_day"] == 3
 
 
+def test_the_spend_reads_as_numbers_are_written():
+    """A budget of 1,234,567 a day read "1.23457e+06" in the table."""
+    summary = summarize(fixture_records(), NOW)
+    summary["movies"]["budget"] = {"per_day": 1234567.0, "asked": 2e6, "allowance": 1234556.4}
+    summary["books"]["budget"] = {"per_day": 0.5, "asked": 0.5, "allowance": 0.25}
+    text = render(summary, NOW)
+    assert ("of a budget of 1,234,567 a day (0%; refetch.budget 2,000,000, capped by politeness); "
+            "1,234,556 left in its allowance now") in text
+    assert "of a budget of 0.5 a day (0%; refetch.budget); 0.25 left in its allowance now" in text
+
+
 def test_table_names_hosts_traps_and_lease_holders():
     summary = summarize(fixture_records(), NOW)
     text = render(summary, NOW)
