@@ -23,9 +23,8 @@ What a summary holds (the same keys for a site's ``total`` and each host):
 * ``last_fetch``: the latest ``fetch_time`` (None when never);
 * ``fetched_day``: records last fetched, or last tried by a fetch that
   failed or answered a trap (``extra["failed_at"]``), within the day before
-  ``now``: the spend
-  to hold against the site's budget (a record fetched twice that day
-  counts once, so a floor on the spend);
+  ``now``: the spend to hold against the site's budget (a record fetched
+  twice that day counts once, so a floor on the spend);
 * ``errors``: records whose last answer was a 5xx, or that count failures
   (``extra["failures"]``);
 * ``traps``: trap records by ``extra["trap"]`` reason;
