@@ -18,7 +18,7 @@ import pytest
 from tests.crawling import REPO, crawl, crawl_log, kill, site_file, small_site, start_crawl, wait_for
 from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
-from vertical.demo.site import DemoResponse, DemoSite
+from vertical.demo.site import BulkSite, DemoResponse, DemoSite
 from vertical.frontier import open_frontier
 from vertical.budget import ALLOWANCE_KEY, PACE_BURST, RunAllowance, draw, pace_burst
 
@@ -244,7 +244,30 @@ def test_a_budget_above_politeness_is_capped_and_said(tmp_path):
                          refetch={"budget": "1000000/d"})
         result = crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"pages": 1})
     assert result.stats["vertical/budget/per_day"] == DAY  # one a second
-    assert "more than its politeness allows" in result.log
+    assert "more than politeness allows" in result.log
+
+
+def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together(tmp_path):
+    """Each host has a download slot of its own: a site of three hosts at a
+    delay of 0.5 s may take 3 × 172,800 fetches a day. The ceiling was one
+    host's, so a budget of 400,000 was capped at 172,800 with a warning
+    (and ``auto`` was a third of what the crawl spent). The first run knows
+    the host of its start URL; the next the hosts of the store's records."""
+    store = tmp_path / "f.sqlite3"
+    with serve(BulkSite(pages=300, hosts=3, links=4), hosts=3) as server:
+        site = small_site(tmp_path, "bulk", server.urls[0], allowed_domains=["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+                          documents=[], politeness={"delay": 0.5, "concurrency": 1},
+                          refetch={"budget": "400000/d"})
+        first = crawl(site, store, tmp_path, tag="1", args={"pages": 12})
+        second = crawl(site, store, tmp_path, tag="2", args={"pages": 3})
+    assert "spending at most 172,800" in first.log
+    assert second.stats["vertical/budget/per_day"] == 400_000
+    assert "more than politeness allows" not in second.log
+    frontier = open_frontier(f"sqlite:///{store}")
+    try:
+        assert frontier.get_meta("bulk", "budget") == {"per_day": 400_000, "asked": 400_000, "ceiling": 3 * DAY / 0.5}
+    finally:
+        frontier.close()
 
 
 # -- the allowance of runs that end ----------------------------------------------------

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -932,6 +933,25 @@ def test_sample_is_spread_over_the_site(frontier):
     numbers = [int(r.url.rsplit("/", 1)[1]) for r in some]
     assert min(numbers) < 150 and max(numbers) > 450
     assert frontier.sample(SITE, 0) == [] and frontier.sample("nobody", 10) == []
+
+
+def test_sample_stands_for_every_host(frontier):
+    """A fingerprint begins with its host's hash, so a run of fingerprints
+    from a random one (the SQLite sample's way) was one host's pages: the
+    schedule learned one host's rates and fitted each host's politeness as
+    if the site had one host."""
+    def page(host: int, i: int) -> URLRecord:
+        url = f"http://h{host}.example/page/{i}"
+        return dataclasses.replace(rec(i, site=SITE), url=url, fingerprint=fingerprint(url), host=f"h{host}.example")
+
+    frontier.add([page(h, i) for h in range(3) for i in range(400)])
+    frontier.add([dataclasses.replace(page(9, i), site="other") for i in range(200)])
+    for _ in range(3):
+        some = frontier.sample(SITE, 300)
+        assert len(fps(some)) == 300 and {r.site for r in some} == {SITE}
+        # Each host holds a third: 100 expected, sd about 7.
+        assert all(60 < n < 140 for n in Counter(r.host for r in some).values()), Counter(r.host for r in some)
+        assert len({r.host for r in some}) == 3
 
 
 def test_meta(frontier):

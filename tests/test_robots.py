@@ -57,10 +57,10 @@ def test_crawl_delay_spaces_requests_at_the_server(tmp_path):
 
 def test_crawl_delay_is_kept_with_the_site_and_prices_its_host(tmp_path):
     """A host's Crawl-delay is kept in the store; the next run fits the
-    schedule to it from the start. With the budget ``auto`` (what the site's
-    politeness allows: 0 s delay) and pages taken to change every minute or
-    so (no learned distribution: the prior), a host allowing one fetch every
-    2 s cannot take the budget and gets a price of its own."""
+    schedule to it from the start. With the budget ``auto`` (what the host
+    allows: one fetch every 2 s, not the site's 0 s delay) and pages taken
+    to change every minute or so (no learned distribution: the prior), the
+    host's politeness binds and it gets a price of its own."""
     store = tmp_path / "f.sqlite3"
     with serve(DemoSite(seed=0, crawl_delay=2)) as demo:
         site = site_file(tmp_path, demo.url, politeness={"delay": 0, "concurrency": 1},

@@ -69,14 +69,12 @@ class RunAllowance:
     hold = PACE_BURST / 2
 
     def __init__(self, per_day: float, batch: int, waits: bool = False, paced: bool = False) -> None:
+        #: The site's budget, fetches a day. It may change during a run (a
+        #: refit finds hosts the site's politeness ceiling did not count).
         self.per_day = per_day
+        self.batch = batch
         self.waits = waits
         self.paced = paced
-        # A hundredth of a day's budget (within a claim batch): a store call
-        # per fetch on a small budget, few on a large one.
-        self.chunk = max(1, min(batch, math.floor(per_day / 100)))
-        if paced:
-            self.chunk = max(1, min(self.chunk, math.floor(pace_burst(per_day))))
         self.held = 0.0
         self.held_at = 0.0
         self.drawing = False
@@ -86,6 +84,14 @@ class RunAllowance:
         #: The last draw found the day's allowance there and the pace empty.
         self.paced_out = False
         self.retry_at = 0.0
+
+    @property
+    def chunk(self) -> int:
+        """What one draw takes: a hundredth of a day's budget (within a
+        claim batch), so a store call per fetch on a small budget, few on a
+        large one; paced, at most the pace bucket."""
+        chunk = max(1, min(self.batch, math.floor(self.per_day / 100)))
+        return max(1, min(chunk, math.floor(pace_burst(self.per_day)))) if self.paced else chunk
 
     @property
     def exhausted(self) -> bool:

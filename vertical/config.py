@@ -151,7 +151,8 @@ class RefetchConfig:
 
     ``budget`` is the fetches a day the user grants the site, None for
     ``auto`` (the default): what politeness allows
-    (:meth:`PolitenessConfig.fetches_per_day`). ``ahead``:
+    (:meth:`PolitenessConfig.fetches_per_day`, summed over the site's
+    hosts). ``ahead``:
     how long before its due time a continuous crawl with a budget may fetch
     a page, when nothing is due and the budget would go unspent (0: never)."""
 

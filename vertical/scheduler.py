@@ -174,7 +174,11 @@ class FrontierScheduler(BaseScheduler):
         self._templates: dict[int, Request] = {}
         self._inflight: dict[int, URLRecord] = {}
         self._crawl_delays: dict[str, float] = {}  # host -> its robots.txt Crawl-delay
-        self._fit: tuple[int, float, list[URLRecord]] | None = None  # what the budget was last fitted to
+        # The site's hosts as far as this process knows: its start URLs',
+        # those of the sampled records and of the robots.txt it has read.
+        self._site_hosts: set[str] = set()
+        self._budget: dict[str, Any] = {}  # the budget as the store's meta shows it
+        self._fit: tuple[int, list[URLRecord]] | None = None  # the records and sample last fitted to
         self._records = 0  # the site's records as far as this process knows: at open, plus its inserts
         self._discovered: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._checking: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
@@ -370,15 +374,16 @@ class FrontierScheduler(BaseScheduler):
         # the guard asks the filter alone, which may take a new URL for a
         # known one (at the filter's error rate), never the other way round.
         self.barren = BarrenGuard.for_site(site, _FilterOnly(self.seen), on_room=self._wake_engine)
-        per_day = self._budget_per_day()
+        self._site_hosts.update(host_of(url) for url in site.start_urls)
+        await self._fit_schedule(records)
         await call(self.frontier.set_meta, site.name, "budget", self._budget)
-        await self._fit_schedule(records, per_day)
         # The schedule fits delays to the budget; the crawl must also keep
         # to it when more is due than the budget pays for.
         if site.refetch.budget:
             # A continuous crawl also paces its fetches over the day, and
             # draws only once it has pages to fetch.
-            self.allowance = RunAllowance(per_day, self.batch, waits=self.continuous, paced=self.continuous)
+            self.allowance = RunAllowance(self._budget["per_day"], self.batch, waits=self.continuous,
+                                          paced=self.continuous)
             if not self.allowance.paced:
                 self._draw()
         await self.commit.take_outbox()
@@ -416,34 +421,49 @@ class FrontierScheduler(BaseScheduler):
         self.stats.set_value("vertical/seen/open_seconds", round(time.monotonic() - started, 3))
         return records
 
-    def _budget_per_day(self) -> float:
-        """The fetches a day this site may spend: ``refetch.budget``, or with
-        ``auto`` what politeness allows; never more than politeness allows.
-        Written to the store's meta (``budget``) for ``vertical-status``."""
+    def _settle_budget(self) -> bool:
+        """Set the fetches a day this site may spend: ``refetch.budget``, or
+        with ``auto`` what politeness allows, never more than that: each
+        known host's politeness (its delay, or its robots.txt
+        ``Crawl-delay``), summed, as Scrapy gives each host a download slot
+        of its own. Returns whether it changed; what the store's meta
+        (``budget``) shows ``vertical-status``."""
         pol = self.site.politeness
-        ceiling = pol.fetches_per_day()
+        ceiling = sum(pol.fetches_per_day(self._host_delay(host)) for host in self._site_hosts) \
+            or pol.fetches_per_day()
         asked = self.site.refetch.budget
         per_day = ceiling if asked is None else min(asked, ceiling)
+        budget = {"per_day": per_day, "asked": asked, "ceiling": ceiling}
+        if budget == self._budget:
+            return False
         if asked is not None and asked > ceiling:
-            logger.warning("refetch.budget of site %r is %g fetches a day, more than its politeness allows "
-                           "(%g: concurrency %d, delay %gs): spending at most %g", self.site.name, asked,
-                           ceiling, pol.concurrency, pol.delay, ceiling)
+            logger.warning("refetch.budget of site %r is %s fetches a day, more than politeness allows on the "
+                           "%d host(s) it is known to span (delay %gs, concurrency %d): spending at most %s",
+                           self.site.name, f"{asked:,.0f}", len(self._site_hosts), pol.delay, pol.concurrency,
+                           f"{ceiling:,.0f}")
         self.stats.set_value("vertical/budget/per_day", per_day)
-        self._budget = {"per_day": per_day, "asked": asked, "ceiling": ceiling}
-        return per_day
+        self._budget = budget
+        if self.allowance is not None:
+            self.allowance.per_day = per_day
+        return True
 
-    async def _fit_schedule(self, records: int, per_day: float, iterations: int = LEARN_ITERATIONS) -> None:
+    async def _fit_schedule(self, records: int, iterations: int = LEARN_ITERATIONS) -> None:
         """Let a learning schedule see a sample of the site's records (its
         distribution of change rates) and fit the price of a fetch to the
-        site's budget: *per_day* fetches."""
+        site's budget, which the sample's hosts may raise."""
         sample: list[URLRecord] = []
-        if hasattr(self.schedule, "learn") and records:
+        if records:
             sample = await self._call(self.frontier.sample, self.site.name, LEARN_SAMPLE)
+        if hasattr(self.schedule, "learn") and sample:
             # At open, enough EM steps to settle from the persisted weights.
             used = self.schedule.learn(sample, iterations=iterations, sample=LEARN_SAMPLE)
             self.stats.set_value("vertical/schedule/learned_from", used)
         self._crawl_delays = await self._call(self.frontier.get_meta, self.site.name, CRAWL_DELAYS_KEY) or {}
-        self._fit = (records, per_day, sample)
+        self._site_hosts.update(r.host for r in sample)
+        self._site_hosts.update(self._crawl_delays)
+        if self._settle_budget() and self._fit is not None:
+            self._write_budget()
+        self._fit = (records, sample)
         self._records = max(self._records, records)
         self._fit_budget()
         if (price := getattr(self.schedule, "mu", None)) is not None:
@@ -458,7 +478,8 @@ class FrontierScheduler(BaseScheduler):
         :meth:`~vertical.policies.refetch.OptimalSchedule.set_budget`)."""
         if not hasattr(self.schedule, "set_budget"):
             return
-        records, per_day, sample = self._fit
+        records, sample = self._fit
+        per_day = self._budget["per_day"]
         if not (sample and hasattr(self.schedule, "rate")):
             self.schedule.set_budget(per_day, max(records, 1))
             return
@@ -490,6 +511,11 @@ class FrontierScheduler(BaseScheduler):
         self.schedule.set_budget(per_day * share, len(sample), rates, hosts=hosts or None)
         self.stats.set_value("vertical/schedule/hosts_priced", len(getattr(self.schedule, "host_mu", ())))
 
+    def _write_budget(self) -> None:
+        """Write the budget to the store's meta, once it changed during the run."""
+        self._call(self.frontier.set_meta, self.site.name, "budget", self._budget).addErrback(
+            partial(self.store_failed, "meta"))
+
     def _host_delay(self, host: str) -> float:
         """A host's politeness delay: the site's, or its robots.txt
         ``Crawl-delay`` (capped at ``crawl_delay_max``) when longer."""
@@ -519,7 +545,12 @@ class FrontierScheduler(BaseScheduler):
             return delays
         self._call(self.frontier.update_meta, site, CRAWL_DELAYS_KEY, keep).addErrback(
             partial(self.store_failed, "meta"))
-        if self._host_delay(host) != before and self._fit is not None:
+        self._site_hosts.add(host)
+        if self._fit is None:
+            return
+        if rebudgeted := self._settle_budget():
+            self._write_budget()
+        if rebudgeted or self._host_delay(host) != before:
             self._fit_budget()
 
     def close(self, reason: str) -> Deferred[None]:
@@ -1348,7 +1379,7 @@ class FrontierScheduler(BaseScheduler):
 
         async def refit() -> None:
             records = await self._call(self.frontier.count, self.site.name)
-            await self._fit_schedule(records, self._budget["per_day"], iterations=REFIT_ITERATIONS)
+            await self._fit_schedule(records, iterations=REFIT_ITERATIONS)
             self.stats.inc_value("vertical/schedule/refits")
 
         def done(result: Any) -> None:

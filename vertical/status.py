@@ -31,8 +31,9 @@ What a summary holds (the same keys for a site's ``total`` and each host):
 * ``leases``: live claims (``claim_until >= clock``) by owner.
 
 A site's summary also has ``budget`` when its crawl wrote one to the store's
-meta (the scheduler does at open): ``per_day`` (what it spends), ``asked``
-(``refetch.budget``, None for auto) and ``ceiling`` (what politeness allows);
+meta (the scheduler does at open, and again when it finds more hosts):
+``per_day`` (what it spends), ``asked`` (``refetch.budget``, None for auto)
+and ``ceiling`` (what politeness allows on the hosts the site spans);
 and ``allowance`` once a crawl with a ``refetch.budget`` has drawn from it:
 the fetches the site's crawls may still start now (:mod:`vertical.budget`).
 It has ``sitemaps`` when its crawls have read sitemaps

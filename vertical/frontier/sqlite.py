@@ -145,6 +145,9 @@ COUNT_DUE_CAP = 100_000
 #: index; above it, when more are due than ``_due_scan_bound``, walk the
 #: priority index (see ``claim_due``).
 _DUE_SCAN_FACTOR = 20
+#: A sample reads rows at up to this many random rowids a record it wants:
+#: a site under 1/10 of the store's records is read whole instead.
+_SAMPLE_DRAWS = 20
 
 _INSERT = f"INSERT OR IGNORE INTO urls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 # An update in place, not INSERT OR REPLACE (a delete and an insert): a
@@ -797,18 +800,30 @@ class SQLiteFrontier(Frontier):
                 yield _row_to_record(row)
 
     def sample(self, site: str, n: int) -> list[URLRecord]:
-        """The ``n`` records from a random fingerprint on (wrapping around):
-        fingerprints are hashes, so a run of them is a uniform sample, read
-        from the primary key without a scan."""
-        if n <= 0:
+        """``n`` records of the site drawn uniformly: the rows at random
+        rowids, those of other sites passed over. Not a run of fingerprints
+        from a random one: a fingerprint begins with its host's hash, so a
+        run is one host's pages, and the sample must stand for every host.
+        A site that is a small part of the store is read whole instead."""
+        have, total = self.count(site), self.count()
+        if n <= 0 or not have:
             return []
-        start = random.randrange(-(1 << 63), 1 << 63)
         cols = ", ".join(_COLUMNS)
-        rows = self._read(f"SELECT {cols} FROM urls WHERE site = ? AND fp >= ? ORDER BY fp LIMIT ?", (site, start, n))
+        rows: list[Any] = []
+        # Twice the draws that find n on average: short only by bad luck.
+        draws = math.ceil(2 * n * total / have)
+        if have > n and draws <= _SAMPLE_DRAWS * n:
+            low, high = self._read("SELECT min(rowid), max(rowid) FROM urls")[0]
+            for chunk in _chunks(random.sample(range(low, high + 1), min(high - low + 1, draws))):
+                # The site is tested here: asked in SQL, it walked the site's index.
+                found = self._read(f"SELECT {cols} FROM urls WHERE rowid IN ({', '.join('?' * len(chunk))})", chunk)
+                rows += [row for row in found if row[0] == site]
+                if len(rows) >= n:
+                    break
         if len(rows) < n:
-            rows += self._read(f"SELECT {cols} FROM urls WHERE site = ? AND fp < ? ORDER BY fp LIMIT ?",
-                               (site, start, n - len(rows)))
-        return [_row_to_record(row) for row in rows]
+            rows = self._read(f"SELECT {cols} FROM urls WHERE site = ? ORDER BY random() LIMIT ?", (site, n))
+        # Rows come in rowid order: the last chunk's first are the oldest.
+        return [_row_to_record(row) for row in random.sample(rows, min(n, len(rows)))]
 
     def fingerprints(self, site: str) -> Iterator[int]:
         """Every fingerprint of a site (to rebuild the seen-test filter)."""
