@@ -252,20 +252,25 @@ def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together
     delay of 0.5 s may take 3 × 172,800 fetches a day. The ceiling was one
     host's, so a budget of 400,000 was capped at 172,800 with a warning
     (and ``auto`` was a third of what the crawl spent). The first run knows
-    the host of its start URL; the next the hosts of the store's records."""
+    the host of its start URL until its first refit finds the others in the
+    store; the next knows them all from the start. The day's allowance,
+    drawn while it knew one host, takes the rise (it stayed one host's)."""
     store = tmp_path / "f.sqlite3"
     with serve(BulkSite(pages=300, hosts=3, links=4), hosts=3) as server:
         site = small_site(tmp_path, "bulk", server.urls[0], allowed_domains=["127.0.0.1", "127.0.0.2", "127.0.0.3"],
                           documents=[], politeness={"delay": 0.5, "concurrency": 1},
                           refetch={"budget": "400000/d"})
-        first = crawl(site, store, tmp_path, tag="1", args={"pages": 12})
+        first = crawl(site, store, tmp_path, tag="1", args={"pages": 40})
         second = crawl(site, store, tmp_path, tag="2", args={"pages": 3})
+        fetched = len([r for r in server.requests if r["path"] != "/robots.txt"])
     assert "spending at most 172,800" in first.log
+    assert "known to span 3 host(s): politeness allows 518,400 fetches a day, the budget is now 400,000" in first.log
     assert second.stats["vertical/budget/per_day"] == 400_000
     assert "more than politeness allows" not in second.log
     frontier = open_frontier(f"sqlite:///{store}")
     try:
         assert frontier.get_meta("bulk", "budget") == {"per_day": 400_000, "asked": 400_000, "ceiling": 3 * DAY / 0.5}
+        assert 400_000 - fetched <= frontier.get_meta("bulk", ALLOWANCE_KEY)["tokens"] <= 400_000
     finally:
         frontier.close()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ALLOWANCE_KEY", "PACE_BURST", "RunAllowance", "draw", "pace_burst"]
+__all__ = ["ALLOWANCE_KEY", "PACE_BURST", "RunAllowance", "draw", "format_fetches", "pace_burst"]
 
 DAY = 86400.0
 #: A paced crawl may spend this many seconds of its budget at once: enough
@@ -35,6 +35,13 @@ PACE_BURST = 10.0
 #: Site meta: the allowance, ``{"tokens": fetches left, "at": as of when,
 #: "drawn": what the last draw took, "pace": the pace bucket's fetches}``.
 ALLOWANCE_KEY = "allowance"
+
+
+def format_fetches(x: float) -> str:
+    """A count of fetches as people write it: ``1,234,567``, ``12.5``, ``0.5``."""
+    if x >= 1e15:  # beyond any crawl's day; a budget of 1e300 is still a number
+        return f"{x:.3g}"
+    return f"{x:,.0f}" if x >= 100 or x == int(x) else f"{x:.3g}"
 
 
 def pace_burst(per_day: float) -> float:

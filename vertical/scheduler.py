@@ -75,7 +75,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
-from vertical.budget import ALLOWANCE_KEY, RunAllowance, draw
+from vertical.budget import ALLOWANCE_KEY, RunAllowance, draw, format_fetches
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
 from vertical.config import host_allowed
@@ -434,17 +434,28 @@ class FrontierScheduler(BaseScheduler):
         asked = self.site.refetch.budget
         per_day = ceiling if asked is None else min(asked, ceiling)
         budget = {"per_day": per_day, "asked": asked, "ceiling": ceiling}
-        if budget == self._budget:
+        before, self._budget = self._budget, budget
+        if budget == before:
             return False
-        if asked is not None and asked > ceiling:
-            logger.warning("refetch.budget of site %r is %s fetches a day, more than politeness allows on the "
-                           "%d host(s) it is known to span (delay %gs, concurrency %d): spending at most %s",
-                           self.site.name, f"{asked:,.0f}", len(self._site_hosts), pol.delay, pol.concurrency,
-                           f"{ceiling:,.0f}")
         self.stats.set_value("vertical/budget/per_day", per_day)
-        self._budget = budget
-        if self.allowance is not None:
-            self.allowance.per_day = per_day
+        hosts = len(self._site_hosts)
+        if not before and asked is not None and asked > ceiling:
+            logger.warning("refetch.budget of site %r is %s fetches a day, more than politeness allows on the %d "
+                           "host(s) it is known to span so far (one fetch per delay, %gs or a host's robots.txt "
+                           "Crawl-delay): spending at most %s", self.site.name, format_fetches(asked), hosts,
+                           pol.delay, format_fetches(ceiling))
+        elif before:
+            logger.info("Site %r is known to span %d host(s): politeness allows %s fetches a day, the budget "
+                        "is now %s", self.site.name, hosts, format_fetches(ceiling), format_fetches(per_day))
+        if (allowance := self.allowance) is not None:
+            # The site's day now holds more: what it adds goes to the stored
+            # allowance as fetches given back would (capped at a day's budget,
+            # so a rise that every process sees is counted once).
+            if per_day > allowance.per_day:
+                rise = partial(draw, want=allowance.per_day - per_day, now=self.now(), per_day=per_day)
+                self._call(self.frontier.update_meta, self.site.name, ALLOWANCE_KEY, rise).addErrback(
+                    partial(self.store_failed, "allowance"))
+            allowance.per_day = per_day
         return True
 
     async def _fit_schedule(self, records: int, iterations: int = LEARN_ITERATIONS) -> None:
@@ -1257,9 +1268,10 @@ class FrontierScheduler(BaseScheduler):
         d.addBoth(self._beat_done)
         return d
 
-    def _beat_here(self, info: dict[str, Any], held: list[int]) -> tuple[list[str], int]:
+    def _beat_here(self, info: dict[str, Any], held: list[int]) -> tuple[list[str], int, int]:
         """The heartbeat's store calls (on the store thread). Returns the
-        owners reaped and how many live processes crawl the site."""
+        owners reaped, how many live processes crawl the site and how many
+        records it has."""
         site, frontier = self.site.name, self.frontier
         frontier.check_intact()  # before the beat writes into a store that lost the rest
         frontier.heartbeat(site, self.owner, self.heartbeat * MISSED_HEARTBEATS, info)
@@ -1267,10 +1279,14 @@ class FrontierScheduler(BaseScheduler):
             frontier.renew(site, self.owner, held, self.lease)
         owners = frontier.owners(site)
         dead = frontier.reap(site, dead=self._dead_here(owners))
-        return dead, sum(1 for o in owners if o.alive and o.owner not in dead)
+        return dead, sum(1 for o in owners if o.alive and o.owner not in dead), frontier.count(site)
 
-    def _beaten(self, beat: tuple[list[str], int], asked: float, held: list[int]) -> None:
-        dead, processes = beat
+    def _beaten(self, beat: tuple[list[str], int, int], asked: float, held: list[int]) -> None:
+        dead, processes, records = beat
+        if records > self._records:
+            # Grown by other processes too: a process that opened on an
+            # empty store refits when the site has, not only its own part.
+            self._grown(records - self._records)
         if self.allowance is not None and self.allowance.paced:
             self.stats.set_value("vertical/budget/processes", processes)
         # Every claim held when the beat was sent runs a lease from then on.

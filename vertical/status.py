@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from vertical.budget import format_fetches
 from vertical.policies.claims import SitemapTruth
 from vertical.policies.estimate import cho_irregular, counts
 from vertical.record import STATES, TRAP, URLRecord
@@ -226,13 +227,6 @@ def _row(name: str, s: dict[str, Any], now: float) -> tuple[str, ...]:
     )
 
 
-def _number(x: float) -> str:
-    """A count of fetches as people write it: ``1,234,567``, ``12.5``, ``0.5``."""
-    if x >= 1e15:  # beyond any crawl's day; a budget of 1e300 is still a number
-        return f"{x:.3g}"
-    return f"{x:,.0f}" if x >= 100 or x == int(x) else f"{x:.3g}"
-
-
 def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
     """``"120 fetches in the last 24h of a budget of 200 a day (60%)"``."""
     text = f"{fetched} fetches in the last 24h"
@@ -241,10 +235,10 @@ def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
     per_day = budget["per_day"]
     source = "refetch.budget" if budget.get("asked") is not None else "auto: what politeness allows"
     if budget.get("asked") is not None and budget["asked"] > per_day:
-        source = f"refetch.budget {_number(budget['asked'])}, capped by politeness"
-    text = f"{text} of a budget of {_number(per_day)} a day ({fetched / per_day:.0%}; {source})"
+        source = f"refetch.budget {format_fetches(budget['asked'])}, capped by politeness"
+    text = f"{text} of a budget of {format_fetches(per_day)} a day ({fetched / per_day:.0%}; {source})"
     if budget.get("allowance") is not None:
-        text += f"; {_number(budget['allowance'])} left in its allowance now"
+        text += f"; {format_fetches(budget['allowance'])} left in its allowance now"
     return text
 
 
