@@ -175,7 +175,7 @@ class FrontierScheduler(BaseScheduler):
         self._inflight: dict[int, URLRecord] = {}
         self._crawl_delays: dict[str, float] = {}  # host -> its robots.txt Crawl-delay
         # The site's hosts as far as this process knows: its start URLs',
-        # those of the sampled records and of the robots.txt it has read.
+        # those of the sampled records, those with a robots.txt Crawl-delay.
         self._site_hosts: set[str] = set()
         self._budget: dict[str, Any] = {}  # the budget as the store's meta shows it
         self._fit: tuple[int, list[URLRecord]] | None = None  # the records and sample last fitted to
@@ -426,8 +426,8 @@ class FrontierScheduler(BaseScheduler):
         with ``auto`` what politeness allows, never more than that: each
         known host's politeness (its delay, or its robots.txt
         ``Crawl-delay``), summed, as Scrapy gives each host a download slot
-        of its own. Returns whether it changed; what the store's meta
-        (``budget``) shows ``vertical-status``."""
+        of its own. Returns whether it changed. The store's meta
+        (``budget``) shows it to ``vertical-status``."""
         pol = self.site.politeness
         ceiling = sum(pol.fetches_per_day(self._host_delay(host)) for host in self._site_hosts) \
             or pol.fetches_per_day()
