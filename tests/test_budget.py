@@ -264,7 +264,7 @@ def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together
         second = crawl(site, store, tmp_path, tag="2", args={"pages": 3})
         fetched = len([r for r in server.requests if r["path"] != "/robots.txt"])
     assert "spending at most 172,800" in first.log
-    assert "known to span 3 host(s): politeness allows 518,400 fetches a day, the budget is now 400,000" in first.log
+    assert "known to span 3 host(s): politeness allows 518,400 fetches a day, and its budget is 400,000" in first.log
     assert second.stats["vertical/budget/per_day"] == 400_000
     assert "more than politeness allows" not in second.log
     frontier = open_frontier(f"sqlite:///{store}")

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import email.utils
+import sqlite3
 import time
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
-from tests.crawling import LoopbackServer, crawl, serving, site_file
+from tests.crawling import LoopbackServer, crawl, kill, serving, site_file, start_crawl, wait_for
+from tests.crawling import small_site as site_config
 from vertical.demo.server import serve
-from vertical.demo.site import DemoSite
+from vertical.demo.site import BulkSite, DemoSite
 from vertical.frontier.sqlite import SQLiteFrontier
+from vertical.record import URLRecord
+from vertical.urls import canonicalize, fingerprint
 
 # Every link of the demo site followed (not only those in <main>), so that
 # /about's link to /private/secret is found and only robots.txt keeps it out.
@@ -73,6 +77,39 @@ def test_crawl_delay_is_kept_with_the_site_and_prices_its_host(tmp_path):
             frontier.close()
         second = crawl(site, store, tmp_path, tag="2", args={"pages": 1})
     assert second.stat("vertical/schedule/hosts_priced") == 1
+
+
+def test_a_process_holds_a_slow_hosts_pages_for_its_crawl_delay_not_the_sites(tmp_path):
+    """A process holds about QUEUE_HORIZON (30 s) of a host's fetches. Sized
+    by the site's delay (0.05 s), the queue of a host whose robots.txt asks
+    5 s held all its 300 pages: 25 minutes of its fetches, under leases
+    renewed all the while, that no other process could fetch. Once the
+    Crawl-delay is read, what is held beyond 30 s of it goes back."""
+    store = tmp_path / "f.sqlite3"
+    with serve(BulkSite(pages=300, crawl_delay=5, links=4)) as server:
+        frontier = SQLiteFrontier(store)
+        try:
+            urls = [canonicalize(f"{server.url}/page/{i}") for i in range(300)]
+            frontier.add([URLRecord(url=u, fingerprint=fingerprint(u), site="bulk", host="127.0.0.1") for u in urls])
+        finally:
+            frontier.close()
+        site = site_config(tmp_path, "bulk", server.url, documents=[], politeness={"delay": 0.05, "concurrency": 1})
+        proc = start_crawl(site, store, tmp_path, args={"seconds": 120})
+
+        def held() -> int:
+            with closing(sqlite3.connect(store, timeout=30)) as db:
+                return db.execute("SELECT count(*) FROM urls WHERE claim_owner IS NOT NULL").fetchone()[0]
+
+        try:
+            wait_for(lambda: [r for r in server.requests if r["path"].startswith("/page/")], timeout=60)
+            # A queue of six (30 s at 5 s) topped up by claims of up to six,
+            # and one page under way: at most 13 held, whatever the load.
+            wait_for(lambda: held() <= 13, timeout=60)
+            for _ in range(3):
+                time.sleep(1)
+                assert held() <= 13
+        finally:
+            kill(proc)
 
 
 def test_crawl_delay_is_capped_by_the_site(tmp_path):

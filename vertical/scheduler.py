@@ -445,8 +445,8 @@ class FrontierScheduler(BaseScheduler):
                            "Crawl-delay): spending at most %s", self.site.name, format_fetches(asked), hosts,
                            pol.delay, format_fetches(ceiling))
         elif before:
-            logger.info("Site %r is known to span %d host(s): politeness allows %s fetches a day, the budget "
-                        "is now %s", self.site.name, hosts, format_fetches(ceiling), format_fetches(per_day))
+            logger.info("Site %r is known to span %d host(s): politeness allows %s fetches a day, and its budget "
+                        "is %s", self.site.name, hosts, format_fetches(ceiling), format_fetches(per_day))
         if (allowance := self.allowance) is not None:
             # The site's day now holds more: what it adds goes to the stored
             # allowance as fetches given back would (capped at a day's budget,
@@ -520,7 +520,12 @@ class FrontierScheduler(BaseScheduler):
         if hosts and free_pages:
             hosts[""] = (free_pages, free_rates, math.inf)  # no host name is empty
         self.schedule.set_budget(per_day * share, len(sample), rates, hosts=hosts or None)
-        self.stats.set_value("vertical/schedule/hosts_priced", len(getattr(self.schedule, "host_mu", ())))
+        priced = getattr(self.schedule, "host_mu", {})
+        self.stats.set_value("vertical/schedule/hosts_priced", len(priced))
+        if priced:
+            logger.info("Site %r: a fetch is priced at %.0f s of freshness, on the hosts whose politeness binds "
+                        "at %s", self.site.name, self.schedule.mu,
+                        ", ".join(f"{mu:.0f} s ({host})" for host, mu in sorted(priced.items())))
 
     def _write_budget(self) -> None:
         """Write the budget to the store's meta, once it changed during the run."""
@@ -557,6 +562,7 @@ class FrontierScheduler(BaseScheduler):
         self._call(self.frontier.update_meta, site, CRAWL_DELAYS_KEY, keep).addErrback(
             partial(self.store_failed, "meta"))
         self._site_hosts.add(host)
+        self._trim_host(host)
         if self._fit is None:
             return
         if rebudgeted := self._settle_budget():
@@ -915,12 +921,27 @@ class FrontierScheduler(BaseScheduler):
         the store could fetch meanwhile."""
         slot = existing_slot(self.crawler.engine.downloader, host)  # type: ignore[union-attr]
         concurrency = slot_concurrency(slot) if slot is not None else self._concurrency
-        # The site's delay: the shared host rate zeroes the slot's own.
-        if self._delay <= 0:
+        # The site's delay (the shared host rate zeroes the slot's own), or
+        # the host's Crawl-delay when longer: sized by the site's, a host
+        # asking 5 s had half an hour of its fetches held.
+        delay = max(self._delay, min(self._crawl_delays.get(host, 0.0), self.site.politeness.crawl_delay_max))
+        if delay <= 0:
             # No delay, no rate to go by: on a store shared by machines, two
             # rounds of the slot's concurrency; alone, a whole claim batch.
             return min(self.batch, max(32, 2 * concurrency)) if self._shared_store else self.batch
-        return max(2 * concurrency, min(self.batch, int(QUEUE_HORIZON / self._delay * concurrency)))
+        return max(2 * concurrency, min(self.batch, int(QUEUE_HORIZON / delay * concurrency)))
+
+    def _trim_host(self, host: str) -> None:
+        """Give back what this process holds of a host beyond its target (a
+        Crawl-delay read after the claim), the least urgent first."""
+        queue = self._queues.get(host)
+        target = self._host_target(host)
+        if queue is None or len(queue) <= target:
+            return
+        queue.sort()
+        self._queues[host], excess = queue[:target], queue[target:]  # a sorted list is a heap
+        self._release([r.fingerprint for *_, r in excess])
+        self.stats.inc_value("vertical/scheduler/trimmed", len(excess))
 
     def _capped(self, host: str) -> bool:
         cap = self.site.traps.max_pages_per_host
@@ -1072,6 +1093,10 @@ class FrontierScheduler(BaseScheduler):
             else:
                 self._push(record, asked)
         self._release(back)
+        # A claim sized before a host's Crawl-delay was known (the first of
+        # a run takes a whole batch) holds only the host's target of it.
+        for host in {r.host for r in records}.intersection(self._crawl_delays):
+            self._trim_host(host)
         self.stats.inc_value("vertical/scheduler/claimed", len(records))
         if early:
             self.stats.inc_value("vertical/scheduler/claimed_early", len(records))
@@ -1283,7 +1308,7 @@ class FrontierScheduler(BaseScheduler):
 
     def _beaten(self, beat: tuple[list[str], int, int], asked: float, held: list[int]) -> None:
         dead, processes, records = beat
-        if records > self._records:
+        if self._fit is not None and records > self._records:
             # Grown by other processes too: a process that opened on an
             # empty store refits when the site has, not only its own part.
             self._grown(records - self._records)
