@@ -532,11 +532,11 @@ class FrontierScheduler(BaseScheduler):
         self._call(self.frontier.set_meta, self.site.name, "budget", self._budget).addErrback(
             partial(self.store_failed, "meta"))
 
-    def _host_delay(self, host: str) -> float:
-        """A host's politeness delay: the site's, or its robots.txt
-        ``Crawl-delay`` (capped at ``crawl_delay_max``) when longer."""
+    def _host_delay(self, host: str, delay: float | None = None) -> float:
+        """A host's politeness delay: the site's (or ``delay``), or its
+        robots.txt ``Crawl-delay`` (capped at ``crawl_delay_max``) when longer."""
         pol = self.site.politeness
-        return max(pol.delay, min(self._crawl_delays.get(host, 0.0), pol.crawl_delay_max))
+        return max(pol.delay if delay is None else delay, min(self._crawl_delays.get(host, 0.0), pol.crawl_delay_max))
 
     def crawl_delay(self, host: str, delay: float | None) -> None:
         """A host's robots.txt says ``Crawl-delay: delay`` (None: says none).
@@ -924,7 +924,7 @@ class FrontierScheduler(BaseScheduler):
         # The site's delay (the shared host rate zeroes the slot's own), or
         # the host's Crawl-delay when longer: sized by the site's, a host
         # asking 5 s had half an hour of its fetches held.
-        delay = max(self._delay, min(self._crawl_delays.get(host, 0.0), self.site.politeness.crawl_delay_max))
+        delay = self._host_delay(host, self._delay)
         if delay <= 0:
             # No delay, no rate to go by: on a store shared by machines, two
             # rounds of the slot's concurrency; alone, a whole claim batch.
