@@ -18,9 +18,9 @@ pace. Instead, when the host answers
 
 Requests without a frontier record (robots.txt, sitemaps) are left to Scrapy.
 
-On a Redis store the wait holds for every crawl process of the site: the
-per-host rate (:mod:`middlewares.hostrate`) tells Redis the wait, and the
-other processes' next turns at the host are refused until it is over; each
+The wait holds for every crawl process of the site that shares the store:
+the per-host rate (:mod:`middlewares.hostrate`) tells the store the wait, and
+the other processes' next turns at the host are refused until it is over; each
 of their pages is then put back as here (:func:`leave_alone`) and the host
 postponed for what is left.
 """

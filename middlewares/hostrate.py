@@ -1,19 +1,23 @@
-"""One politeness per host for every crawl process on a Redis frontier.
+"""One politeness per host for every crawl process that shares a store.
 
 Scrapy paces each download slot in its own process only: three processes
-with a 1 s delay send a host three requests a second. When ``VERTICAL_STORE``
-is ``redis://...``, :class:`HostRateMiddleware` makes a host's delay and
-concurrency hold across processes (and machines).
+with a 1 s delay send a host three requests a second. :class:`HostRateMiddleware`
+makes a host's delay and concurrency hold across the processes of a store:
+through Redis when ``VERTICAL_STORE`` is ``redis://...`` (processes on any
+number of machines), through a file beside the store when it is a SQLite
+file (the processes of one machine: cron runs that overlap, a lane each).
 
 A request takes a *turn* at its host just before it goes to the downloader,
-and gives it back when its download ends. Taking a turn is one atomic script
-on Redis (:class:`HostTurns`), run at the moment of sending: it either grants
+and gives it back when its download ends. Taking a turn is one atomic step,
+a script on Redis (:class:`RedisHostTurns`) or a write transaction on SQLite
+(:class:`SQLiteHostTurns`), run at the moment of sending: it either grants
 the turn now or answers "not yet, ask again in N s". Nothing is reserved for
 later, so a process that is late (a busy CPU, a long callback) only sends
 late; it never makes anyone else's request come early.
 
 The rule, per host, is Heritrix's (a host's queue snoozes for the delay once
-its fetch *completes*), shared through Redis:
+its fetch *completes*), shared through the store (below, "Redis" stands for
+either; SQLite's clock is the machine's):
 
 * with a delay, one request is in flight at a time, and the next turn is
   granted only ``delay`` after the previous download ended (as stamped by
@@ -58,6 +62,8 @@ What callers can rely on:
   (this process's next request to the host waits for it: the host's next
   turn could not be granted anyway). Either way only the requests to Redis
   wait: the reactor does not (below).
+  A SQLite file locked by another process is waited for by SQLite (60 s)
+  and not retried after.
 * **Off the reactor.** Every Redis call runs on the middleware's own thread
   (a :class:`~vertical.frontier.worker.StoreThread` with its own connection,
   not the scheduler's store thread, whose claims and write-backs a turn must
@@ -71,12 +77,15 @@ What callers can rely on:
   back through the reactor) only makes the request later; it is covered by
   the lease's margin. A request cancelled while its ask is out gives back a
   turn granted meanwhile.
-* Without a Redis store the middleware is disabled (``NotConfigured``).
+* On an in-memory SQLite store (one process by definition) the middleware
+  is disabled (``NotConfigured``).
 
 The price: with a delay, a host is fetched at ``1 / (delay + latency)``, not
 ``1 / delay``, whatever the concurrency, where the latency is the whole
-download as the crawler sees it. Each request costs two Redis calls (and one
-more per "not yet"), each a round trip through the middleware's thread.
+download as the crawler sees it. Each request costs two Redis calls or
+SQLite transactions (and one more per "not yet"), each a round trip through
+the middleware's thread. A process alone on a SQLite store pays none of it:
+it goes *solo* until another joins (:class:`SQLiteHostTurns`).
 Turns are not fair between processes: whoever asks first after the host is
 free gets it.
 
@@ -88,11 +97,14 @@ In Redis, under the frontier's prefix and the site's hash tag, a host has a
 hash ``vertical:{site}:hostrate:<host>`` (when its last download ended, the
 delay of its last turn, and until when it asked to be left alone) and a
 sorted set ``...:flight`` (its turns in flight and their leases); both expire
-:data:`STATE_MARGIN` after they stop mattering. Stats: ``vertical/hostrate/granted`` (turns),
+:data:`STATE_MARGIN` after they stop mattering. On SQLite the same are rows
+of ``<store>-hostrate`` (:class:`SQLiteHostTurns`). Stats: ``vertical/hostrate/granted`` (turns),
 ``vertical/hostrate/waited`` (requests told "not yet" at least once),
 ``vertical/hostrate/held`` (pages put back: the host asked another process
 to wait),
 ``vertical/hostrate/expired`` (dead processes' turns this one cleared),
+``vertical/hostrate/solo`` (requests sent alone on a SQLite store, without a turn),
+``vertical/hostrate/shared`` (times another process joined this one alone),
 ``vertical/hostrate/retries`` (Redis unreachable).
 
 Requests waiting for their turn count as active in their download slot, so
@@ -107,9 +119,13 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sqlite3
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from time import monotonic
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -117,11 +133,13 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import sleep
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from twisted.internet import task
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.python.failure import Failure
 
 from middlewares.backoff import asked_wait, leave_alone
-from vertical.compat import download_slot, set_slot_delay, slot_active, slot_concurrency, slot_settings
+from vertical.compat import (download_slot, set_slot_delay, slot_active, slot_concurrency, slot_settings,
+                             touch_slot)
 from vertical.frontier import REDIS_SCHEMES
 from vertical.frontier.worker import StoreThread
 from vertical.scheduler import META_RECORD
@@ -132,7 +150,6 @@ from vertical.scheduler import META_RECORD
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import redis
     from scrapy import Request
     from scrapy.core.downloader import Downloader
     from scrapy.crawler import Crawler
@@ -158,6 +175,11 @@ STATE_MARGIN = 60.0
 #: all of its concurrency): ends of other processes' downloads are not
 #: announced, so they are polled, at least this far apart.
 BUSY_POLL = 0.05
+
+#: Seconds between renewals of a process's membership of a SQLite store's
+#: turns, and after which an unrenewed one is gone (:class:`SQLiteHostTurns`).
+MEMBER_RENEW = 1.0
+MEMBER_TTL = 10.0
 
 #: Between the owner id and the number in a turn's token. Tokens of the
 #: frontier's owners are checked against its registry of live processes.
@@ -275,20 +297,40 @@ return string.format("%.6f", quiet)
 """
 
 
-class HostTurns:
+class RedisHostTurns:
     """Turns at hosts, shared by every process that uses the same Redis keys.
 
     :meth:`take` is atomic and never books a time in the future: a turn is
     granted now or not at all. Every granted turn must be given back with
     :meth:`end` once its request's download has ended; one that is not (its
     process died) ends when its lease runs out.
+
+    ``frontier`` lends its connection, key prefix and patience (the store
+    URI's options); the turns close it when they close.
     """
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
-        self.prefix = prefix
+    def __init__(self, frontier: RedisFrontier) -> None:
+        from vertical.frontier.redis import _RETRY_ERRORS, RETRY_DELAYS, _unavailable
+
+        self.frontier = frontier
+        self.uri = frontier.uri
+        self.prefix = frontier.prefix
+        #: Calls failing with these are retried, with these backoffs, for this long.
+        self.retry_errors: tuple[type[Exception], ...] = _RETRY_ERRORS
+        self.retry_delays = RETRY_DELAYS
+        self.patience = frontier.patience
+        self.unavailable: Callable[[Exception], str] = _unavailable
+        client = frontier.client
         self._take = client.register_script(_TAKE)
         self._end = client.register_script(_END)
         self._hold = client.register_script(_HOLD)
+
+    def open(self) -> Self:
+        """Ready on the thread that makes the calls (a connection is made at the first)."""
+        return self
+
+    def close(self) -> None:
+        self.frontier.close()
 
     def keys(self, site: str, host: str) -> list[str]:
         """The host's state, its requests in flight, and the frontier's
@@ -324,6 +366,274 @@ class HostTurns:
         return float(self._hold(keys=self.keys(site, host), args=[repr(seconds), repr(STATE_MARGIN)]))
 
 
+_SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS hosts (
+    site TEXT NOT NULL,
+    host TEXT NOT NULL,
+    done REAL NOT NULL,
+    delay REAL NOT NULL,
+    until REAL NOT NULL,
+    PRIMARY KEY (site, host)
+);
+CREATE TABLE IF NOT EXISTS flight (
+    site TEXT NOT NULL,
+    host TEXT NOT NULL,
+    token TEXT NOT NULL,
+    lease REAL NOT NULL,
+    PRIMARY KEY (site, host, token)
+);
+CREATE TABLE IF NOT EXISTS members (
+    site TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    until REAL NOT NULL,
+    solo INTEGER NOT NULL,
+    PRIMARY KEY (site, owner)
+)
+"""
+
+
+class SQLiteHostTurns:
+    """The turns of :class:`RedisHostTurns`, with the same rule and answers,
+    for the crawl processes of one machine that share a SQLite store.
+
+    They live in a file of their own beside the store (``<store>-hostrate``):
+    a take or an end is a short write transaction there, and must not wait
+    behind a claim or a write-back holding the store's write lock. A host
+    has a row in ``hosts`` (when its last download ended, the delay of its
+    last turn, until when it asked to be left alone) and one in ``flight``
+    per turn in flight (its lease's expiry). The clock is the machine's, as
+    the store's; the registry of crawl processes is read from the store.
+    Nothing in the file outlives a power loss that matters: every turn ends
+    with its lease, so its writes are not synced.
+
+    **Alone, a process takes no turns.** Two transactions a page cost a
+    crawl alone on its store a fifth of its pages a second, to share a host
+    with nobody. So each process is a *member* of the file (``members``,
+    renewed every :data:`MEMBER_RENEW` seconds, gone after
+    :data:`MEMBER_TTL` or once the store's registry no longer holds it), and
+    one that finds no other live member of its site goes *solo*: Scrapy's
+    download slot paces its hosts, and it only notes what it has in flight
+    and when its downloads ended. A process that joins while another is solo
+    is granted no turn until that one has *shared* (:meth:`share`, at its next
+    renewal): written its requests in flight as turns and its hosts' last
+    ends, in the transaction that marks it shared. From then on both take
+    turns; the last one left goes solo again (:meth:`go_solo`).
+    """
+
+    #: A file locked by another process is waited for by SQLite's own busy
+    #: handler (``timeout``); any other error of the file is not retried.
+    retry_errors: tuple[type[Exception], ...] = ()
+    retry_delays = (0.0, 0.0)
+    patience = 0.0
+
+    def __init__(self, store: str, *, timeout: float = 60.0) -> None:
+        self.store = store
+        self.path = f"{store}-hostrate"
+        self.uri = f"sqlite:///{self.path}"
+        self.timeout = timeout
+        self._db: sqlite3.Connection | None = None
+        self._registry: sqlite3.Connection | None = None
+
+    def unavailable(self, exc: Exception) -> str:
+        return "unusable"
+
+    def open(self) -> Self:
+        """Ready on the thread that makes the calls: the file is opened by
+        the first (an error opening it fails that call, not the crawl's
+        start, which the store's own check stops first)."""
+        return self
+
+    def _connect(self) -> sqlite3.Connection:
+        """Open the file (and the store, for its registry), and drop the
+        hosts no turn will ask about again."""
+        from vertical.frontier.sqlite import use_wal
+
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)  # as the store makes its own
+        db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        try:
+            use_wal(db, self.timeout)
+            db.execute("PRAGMA synchronous=OFF")
+            with self._write(db) as tx:
+                for statement in _SQLITE_SCHEMA.split(";"):
+                    tx.execute(statement)
+                now = time.time()
+                stale = tx.execute(
+                    "SELECT site, host FROM hosts AS h WHERE max(done + delay, until) + ? < ? AND NOT EXISTS "
+                    "(SELECT 1 FROM flight AS f WHERE f.site = h.site AND f.host = h.host AND f.lease + ? >= ?)",
+                    (STATE_MARGIN, now, STATE_MARGIN, now)).fetchall()
+                tx.executemany("DELETE FROM flight WHERE site = ? AND host = ?", stale)
+                tx.executemany("DELETE FROM hosts WHERE site = ? AND host = ?", stale)
+            self._registry = sqlite3.connect(self.store, timeout=self.timeout, isolation_level=None,
+                                             check_same_thread=False)
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+        return db
+
+    def close(self) -> None:
+        for db in (self._db, self._registry):
+            if db is not None:
+                db.close()
+
+    @contextmanager
+    def _write(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        db = db or self._db or self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    @staticmethod
+    def _state(db: sqlite3.Connection, site: str, host: str) -> tuple[float, float, float]:
+        row = db.execute("SELECT done, delay, until FROM hosts WHERE site = ? AND host = ?", (site, host)).fetchone()
+        return row or (0.0, 0.0, 0.0)
+
+    @staticmethod
+    def _put(db: sqlite3.Connection, site: str, host: str, done: float, delay: float, until: float) -> None:
+        db.execute("INSERT INTO hosts (site, host, done, delay, until) VALUES (?, ?, ?, ?, ?) "
+                   "ON CONFLICT (site, host) DO UPDATE SET done = excluded.done, delay = excluded.delay, "
+                   "until = excluded.until", (site, host, done, delay, until))
+
+    def _dead(self, site: str, token: str, now: float) -> bool:
+        """Is the crawl process that holds ``token`` gone from the store's
+        registry (reaped, or its heartbeat ran out)?"""
+        owner, sep, _ = token.partition(TOKEN_SEP)
+        if not sep or self._registry is None:
+            return False
+        try:
+            row = self._registry.execute("SELECT until FROM owners WHERE site = ? AND owner = ?",
+                                         (site, owner)).fetchone()
+        except sqlite3.OperationalError:  # a store not set up yet: the lease decides
+            return False
+        return row is None or row[0] < now
+
+    # -- members: alone or sharing ----------------------------------------------
+
+    def _others(self, db: sqlite3.Connection, site: str, owner: str, now: float) -> list[tuple[str, int]]:
+        """The other live members of ``site``: (owner, solo)."""
+        rows = db.execute("SELECT owner, solo FROM members WHERE site = ? AND owner != ? AND until >= ?",
+                          (site, owner, now)).fetchall()
+        return [(other, solo) for other, solo in rows if not self._dead(site, f"{other}{TOKEN_SEP}", now)]
+
+    def renew(self, site: str, owner: str) -> tuple[bool, dict[str, float]]:
+        """Renew ``owner``'s membership (a new member is not solo). Returns
+        whether another live member shares the site, and the hosts that
+        asked to be left alone, with until when (a solo process holds its
+        pages itself)."""
+        with self._write() as db:
+            now = time.time()
+            db.execute("INSERT INTO members (site, owner, until, solo) VALUES (?, ?, ?, 0) "
+                       "ON CONFLICT (site, owner) DO UPDATE SET until = excluded.until",
+                       (site, owner, now + MEMBER_TTL))
+            db.execute("DELETE FROM members WHERE until < ?", (now - MEMBER_TTL,))
+            others = bool(self._others(db, site, owner, now))
+            quiet = dict(db.execute("SELECT host, until FROM hosts WHERE site = ? AND until > ?", (site, now)))
+            return others, quiet
+
+    def go_solo(self, site: str, owner: str) -> dict[str, float] | None:
+        """Mark ``owner`` solo if it is still the only live member of
+        ``site``. Returns None if it is not, else when the last download at
+        each host whose delay has not run out since ended (its own or that of
+        a process just gone): its slot paces from there."""
+        with self._write() as db:
+            now = time.time()
+            if self._others(db, site, owner, now):
+                return None
+            db.execute("UPDATE members SET solo = 1 WHERE site = ? AND owner = ?", (site, owner))
+            return dict(db.execute("SELECT host, done FROM hosts WHERE site = ? AND done + delay > ?", (site, now)))
+
+    def share(self, site: str, owner: str, flight: Sequence[tuple[str, str, float, float]],
+              ends: Mapping[str, tuple[float, float]]) -> None:
+        """Mark solo ``owner`` shared, with what it did alone: ``flight``,
+        its requests in flight as (host, token, delay, lease) turns granted
+        now; ``ends``, host -> (when its last download there ended, its
+        delay)."""
+        with self._write() as db:
+            now = time.time()
+            for host, token, delay, lease in flight:
+                done, last_delay, quiet = self._state(db, site, host)
+                db.execute("INSERT OR REPLACE INTO flight (site, host, token, lease) VALUES (?, ?, ?, ?)",
+                           (site, host, token, now + lease))
+                self._put(db, site, host, done, max(delay, last_delay), quiet)
+            for host, (ended, delay) in ends.items():
+                done, last_delay, quiet = self._state(db, site, host)
+                self._put(db, site, host, max(done, ended), max(delay, last_delay), quiet)
+            db.execute("UPDATE members SET solo = 0 WHERE site = ? AND owner = ?", (site, owner))
+
+    def leave(self, site: str, owner: str) -> None:
+        """``owner`` is closing: it no longer shares the site."""
+        with self._write() as db:
+            db.execute("DELETE FROM members WHERE site = ? AND owner = ?", (site, owner))
+
+    # -- turns ----------------------------------------------------------------
+
+    def take(self, site: str, host: str, token: str, *, delay: float, concurrency: int,
+             lease: float, holdable: bool = True) -> tuple[float, int, bool]:
+        """As :meth:`RedisHostTurns.take`; and while another member of the
+        site is solo (it has not seen this one yet), not before it has shared."""
+        with self._write() as db:
+            now = time.time()
+            if any(solo for _, solo in self._others(db, site, token.partition(TOKEN_SEP)[0], now)):
+                return MEMBER_RENEW / 4, 0, False
+            flight = db.execute("SELECT token, lease FROM flight WHERE site = ? AND host = ? ORDER BY lease",
+                                (site, host)).fetchall()
+            if any(t == token and until > now for t, until in flight):
+                return 0.0, 0, False  # granted already: a take asked again
+            done, last_delay, quiet = self._state(db, site, host)
+            delay_now = max(delay, last_delay)
+            # A turn whose lease ran out ends at its expiry; one of a process
+            # known dead, now.
+            cleared = 0
+            for other, until in flight:
+                if until <= now:
+                    done = max(done, until)
+                elif self._dead(site, other, now):
+                    done = max(done, now)
+                else:
+                    continue
+                db.execute("DELETE FROM flight WHERE site = ? AND host = ? AND token = ?", (site, host, other))
+                cleared += 1
+            if cleared:
+                self._put(db, site, host, done, last_delay, quiet)
+            if quiet > now and holdable:
+                return quiet - now, cleared, True
+            flying = len(flight) - cleared
+            wait = 0.0
+            if delay_now > 0:
+                # In flight: it has not ended yet, the earliest turn is a delay from now.
+                wait = max(delay_now, BUSY_POLL) if flying else done + delay_now - now
+            elif flying >= concurrency:
+                wait = BUSY_POLL
+            if wait > 0:
+                return wait, cleared, False
+            db.execute("INSERT OR REPLACE INTO flight (site, host, token, lease) VALUES (?, ?, ?, ?)",
+                       (site, host, token, now + lease))
+            self._put(db, site, host, done, delay, quiet)
+            return 0.0, cleared, False
+
+    def end(self, site: str, host: str, token: str) -> float:
+        """As :meth:`RedisHostTurns.end`, on this machine's clock."""
+        with self._write() as db:
+            now = time.time()
+            db.execute("DELETE FROM flight WHERE site = ? AND host = ? AND token = ?", (site, host, token))
+            done, delay, quiet = self._state(db, site, host)
+            done = max(done, now)
+            self._put(db, site, host, done, delay, quiet)
+            return done
+
+    def hold(self, site: str, host: str, seconds: float) -> float:
+        """As :meth:`RedisHostTurns.hold`, on this machine's clock."""
+        with self._write() as db:
+            done, delay, quiet = self._state(db, site, host)
+            quiet = max(quiet, time.time() + seconds)
+            self._put(db, site, host, done, delay, quiet)
+            return quiet
+
+
 @dataclass
 class _Host:
     """This process's requests to one host that ask for, or hold, a turn."""
@@ -337,29 +647,23 @@ class _Host:
 class _Turn:
     host: str
     token: str
+    placed: bool = True  # holds a place among this process's requests to the host (not sent solo)
 
 
 class HostRateMiddleware:
     """Takes each request's turn at its host (see the module docstring)."""
 
-    def __init__(self, crawler: Crawler, frontier: RedisFrontier) -> None:
-        from vertical.frontier.redis import _RETRY_ERRORS, RETRY_DELAYS, _unavailable
-
+    def __init__(self, crawler: Crawler, turns: RedisHostTurns | SQLiteHostTurns) -> None:
         self.crawler = crawler
         self.stats = crawler.stats
         self.download_timeout: float = crawler.settings.getfloat("DOWNLOAD_TIMEOUT")
         self.longest_wait: float = crawler.settings.getfloat("VERTICAL_RETRY_AFTER_MAX")
-        # Only its connection, key prefix and patience: the same options as the store's.
-        self.redis = frontier
-        self.turns = HostTurns(frontier.client, frontier.prefix)
-        self._retry_errors: tuple[type[Exception], ...] = _RETRY_ERRORS
-        self._unavailable = _unavailable
-        self._retry_delays = RETRY_DELAYS
-        # Every Redis call runs on a thread of its own, one at a time, with a
-        # connection of its own: off the reactor (a stalled Redis stalls only
-        # the turns), and not behind the store thread's long jobs (a claim, a
-        # write-back), which a turn taken at sending must not wait for.
-        self._thread = StoreThread(lambda: frontier, name="vertical-hostrate")
+        self.turns = turns
+        # Every call on the turns runs on a thread of its own, one at a time,
+        # with a connection of its own: off the reactor (a stalled store
+        # stalls only the turns), and not behind the store thread's long jobs
+        # (a claim, a write-back), which a turn taken at sending must not wait for.
+        self._thread = StoreThread(turns.open, name="vertical-hostrate")
         self._thread.open()
         self._closed = False
         self._gave_up = False  # the last call waited out the patience
@@ -367,24 +671,45 @@ class HostRateMiddleware:
         self._tokens = itertools.count()
         self._hosts: dict[str, _Host] = {}
         self._held: dict[Request, _Turn] = {}
+        # Alone on a SQLite store (SQLiteHostTurns): sent without a turn, and
+        # what that leaves to share once another process joins.
+        self._solo = False
+        self._solo_flight: dict[Request, tuple[str, float]] = {}  # request -> (host, delay)
+        self._ended: dict[str, tuple[float, float]] = {}  # host -> (last download's end, delay)
+        self._quiet: dict[str, float] = {}  # host -> until when it asked to be left alone
+        self._done: dict[str, float] = {}  # host -> when a download sent with a turn ended there, once solo
+        self._membership: task.LoopingCall | None = None
         crawler.signals.connect(self._left_downloader, signal=signals.request_left_downloader)
+        crawler.signals.connect(self._opened, signal=signals.spider_opened)
         crawler.signals.connect(self._close, signal=signals.spider_closed)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         uri = crawler.settings.get("VERTICAL_STORE") or ""
-        if not uri.startswith(REDIS_SCHEMES):
-            raise NotConfigured("the per-host rate is shared through a redis:// VERTICAL_STORE only")
-        from vertical.frontier.redis import RedisFrontier
+        if uri.startswith(REDIS_SCHEMES):
+            from vertical.frontier.redis import RedisFrontier
 
-        params = crawler.settings.getdict("REDIS_PARAMS")
-        return cls(crawler, RedisFrontier.from_uri(uri, params))
+            params = crawler.settings.getdict("REDIS_PARAMS")
+            return cls(crawler, RedisHostTurns(RedisFrontier.from_uri(uri, params)))
+        path = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
+        if not path or path == ":memory:":
+            raise NotConfigured("the per-host rate is shared through a store file or Redis only")
+        return cls(crawler, SQLiteHostTurns(path))
 
     async def process_request(self, request: Request) -> None:
         downloader: Downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         # The slot the downloader will queue this request in (created if new).
         host, slot = download_slot(downloader, request)
         delay = self._delay(downloader, host)
+        if self._solo:
+            if META_RECORD in request.meta and (wait := self._quiet.get(host, 0.0) - time.time()) > 0:
+                raise self._held_back(request, wait)
+            set_slot_delay(slot, delay)  # alone: Scrapy's slot paces the host,
+            if (done := self._done.pop(host, None)) is not None:  # from the last download sent with a turn
+                touch_slot(slot, monotonic() - (time.time() - done))
+            self._solo_flight[request] = (host, delay)
+            self.stats.inc_value("vertical/hostrate/solo")
+            return
         set_slot_delay(slot, 0.0)  # paced here; see the module docstring
         slot_active(slot).add(request)  # the scheduler's "host busy" test
         try:
@@ -443,9 +768,7 @@ class HostRateMiddleware:
                 if expired:
                     self.stats.inc_value("vertical/hostrate/expired", expired)
                 if held:
-                    self.stats.inc_value("vertical/hostrate/held")
-                    self.crawler.engine.scheduler.unsent(request)  # type: ignore[union-attr]
-                    raise leave_alone(self.crawler, request, wait, "asked another crawl process to wait")
+                    raise self._held_back(request, wait)
                 if wait <= 0:
                     break
                 waited = True
@@ -458,8 +781,14 @@ class HostRateMiddleware:
         if waited:
             self.stats.inc_value("vertical/hostrate/waited")
 
+    def _held_back(self, request: Request, wait: float) -> Exception:
+        """Put a page back: its host asked another crawl process to wait."""
+        self.stats.inc_value("vertical/hostrate/held")
+        self.crawler.engine.scheduler.unsent(request)  # type: ignore[union-attr]
+        return leave_alone(self.crawler, request, wait, "asked another crawl process to wait")
+
     def _ask(self, site: str, host: str, token: str, **kwargs: Any) -> Deferred[tuple[float, int, bool]]:
-        """:meth:`HostTurns.take` on the thread. If the request stops waiting
+        """:meth:`RedisHostTurns.take` on the thread. If the request stops waiting
         (it is cancelled) before the answer comes, a turn granted meanwhile
         is given back at once rather than held until its lease runs out."""
         asked = self._call(self.turns.take, site, host, token, **kwargs)
@@ -474,9 +803,15 @@ class HostRateMiddleware:
         return answer
 
     def _end_turn(self, request: Request) -> None:
+        if (sent := self._solo_flight.pop(request, None)) is not None:
+            host, delay = sent
+            self._ended[host] = (time.time(), delay)
+            return
         turn = self._held.pop(request, None)
         if turn is not None:
-            self._give_back(self._site(), turn, leave=True)
+            if self._solo:  # taken before this process went solo: its slot paces from this end
+                self._done[turn.host] = time.time()
+            self._give_back(self._site(), turn, leave=turn.placed)
 
     def _give_back(self, site: str, turn: _Turn, *, leave: bool) -> None:
         """End ``turn`` on the thread, retrying while Redis is unreachable.
@@ -487,7 +822,7 @@ class HostRateMiddleware:
         d.addErrback(lambda f: logger.error("Ending a turn at %s failed", turn.host, exc_info=f.value))
 
     def _hold_host(self, request: Request, seconds: float) -> None:
-        """:meth:`HostTurns.hold` on the thread, retried while Redis is
+        """:meth:`RedisHostTurns.hold` on the thread, retried while Redis is
         unreachable; a hold that never reaches Redis only leaves the other
         processes to be answered 429 themselves."""
         site = self._site()
@@ -504,7 +839,7 @@ class HostRateMiddleware:
     async def _end(self, site: str, turn: _Turn, leave: bool) -> None:
         try:
             await self._retrying(turn.host, lambda: self._call(self.turns.end, site, turn.host, turn.token))
-        except self._retry_errors:
+        except self.turns.retry_errors:
             logger.warning("Could not end a turn at %s; it ends when its lease runs out", turn.host)
         except Exception:
             if not self._closed:
@@ -512,6 +847,55 @@ class HostRateMiddleware:
         finally:
             if leave:
                 self._leave(turn.host)
+
+    # -- alone or sharing (a SQLite store) ----------------------------------------
+
+    def _opened(self, **kwargs: Any) -> None:
+        if isinstance(self.turns, SQLiteHostTurns):
+            self._membership = task.LoopingCall(lambda: deferred_from_coro(self._renew()))
+            self._membership.start(MEMBER_RENEW).addErrback(
+                lambda f: logger.error("Renewing this process's share of the host rate failed", exc_info=f.value))
+
+    def _member(self) -> str:
+        owner = getattr(self.crawler.engine.scheduler, "owner", None)  # type: ignore[union-attr]
+        return owner if isinstance(owner, str) else self._owner
+
+    async def _renew(self) -> None:
+        """Renew this process's membership; go solo when it is alone, share
+        what it did alone when another has joined (:class:`SQLiteHostTurns`)."""
+        assert isinstance(self.turns, SQLiteHostTurns)
+        site, owner = self._site(), self._member()
+        try:
+            others, self._quiet = await maybe_deferred_to_future(self._call(self.turns.renew, site, owner))
+            horizon = time.time() - STATE_MARGIN  # ends older than their delay and this matter to nobody
+            self._ended = {host: (ended, delay) for host, (ended, delay) in self._ended.items()
+                           if ended + delay > horizon}
+            if others and self._solo:
+                # From now on this process's requests take turns; theirs are
+                # asked on the thread after the share, which others wait for.
+                self._solo = False
+                ends = self._ended
+                flight = []
+                for request, (host, delay) in self._solo_flight.items():
+                    token = self._token()
+                    lease = float(request.meta.get("download_timeout", self.download_timeout)) + LEASE_MARGIN
+                    flight.append((host, token, delay, lease))
+                    self._held[request] = _Turn(host, token, placed=False)
+                self._solo_flight.clear()
+                self._ended = {}
+                self._done.clear()
+                logger.info("Another crawl process shares the store: this one takes turns at hosts with it")
+                self.stats.inc_value("vertical/hostrate/shared")
+                await maybe_deferred_to_future(self._call(self.turns.share, site, owner, flight, ends))
+            elif not others and not self._solo:
+                ends = await maybe_deferred_to_future(self._call(self.turns.go_solo, site, owner))
+                if ends is not None:
+                    self._solo = True
+                    for host, ended in ends.items():
+                        self._done[host] = max(ended, self._done.get(host, 0.0))
+        except Exception as exc:  # the next renewal tries again; meanwhile turns are taken
+            if not self._closed:
+                logger.warning("Could not renew this process's share of the host rate: %s", exc)
 
     # -- this process's requests to a host --------------------------------------
 
@@ -570,24 +954,24 @@ class HostRateMiddleware:
         Redis is unreachable or full, for the store's patience; then its error is
         raised. The backoff is waited on the reactor, the call on the thread:
         the reactor never waits for Redis."""
-        backoff = self._retry_delays[0]
+        backoff = self.turns.retry_delays[0]
         # As the frontier's breaker: once a call has waited out the patience,
         # the next ones try once until Redis answers again (the requests
         # queued for a host must not each wait it out while the crawl closes).
-        deadline = time.monotonic() + (0.0 if self._gave_up else self.redis.patience)
+        deadline = time.monotonic() + (0.0 if self._gave_up else self.turns.patience)
         while True:
             try:
                 result = await maybe_deferred_to_future(call())
-            except self._retry_errors as exc:
+            except self.turns.retry_errors as exc:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._store_gone():
                     self._gave_up = True
                     raise
                 self.stats.inc_value("vertical/hostrate/retries")
                 logger.warning("Redis %s %s for the turns at %s (%s); retrying in %.1fs",
-                               self.redis.uri, self._unavailable(exc), host, exc, min(backoff, left))
+                               self.turns.uri, self.turns.unavailable(exc), host, exc, min(backoff, left))
                 await sleep(min(backoff, left))
-                backoff = min(backoff * 2, self._retry_delays[1])
+                backoff = min(backoff * 2, self.turns.retry_delays[1])
             else:
                 self._gave_up = False
                 return result
@@ -605,7 +989,11 @@ class HostRateMiddleware:
         # on the thread after the calls already made; then the thread closes
         # the connection and ends.
         site = self._site()
+        if self._membership is not None and self._membership.running:
+            self._membership.stop()
         ends = [self._thread.call(self.turns.end, site, turn.host, turn.token) for turn in self._held.values()]
+        if isinstance(self.turns, SQLiteHostTurns):
+            ends.append(self._thread.call(self.turns.leave, site, self._member()))
         self._held.clear()
         self._closed = True
         try:

@@ -1,10 +1,11 @@
 """Politeness at the server across crawl processes that are late or die.
 
-The turns themselves (:class:`~middlewares.hostrate.HostTurns`) are checked
-on a real redis-server against Redis's own clock; the guarantee is checked
-where it matters, at a real loopback server, with real ``scrapy crawl``
-processes that are made late on purpose (:class:`LateProcess`) or killed
-while they hold a host's turn.
+The turns themselves (:class:`~middlewares.hostrate.RedisHostTurns` and
+:class:`~middlewares.hostrate.SQLiteHostTurns`) are checked on a real
+redis-server against Redis's own clock, and on a SQLite file; the guarantee
+is checked where it matters, at a real loopback server, with real ``scrapy
+crawl`` processes sharing either store that are made late on purpose
+(:class:`LateProcess`) or killed while they hold a host's turn.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -23,7 +25,7 @@ import pytest
 import yaml
 from scrapy import signals
 
-from middlewares.hostrate import BUSY_POLL, STATE_MARGIN, HostTurns
+from middlewares.hostrate import BUSY_POLL, MEMBER_RENEW, STATE_MARGIN, TOKEN_SEP, RedisHostTurns, SQLiteHostTurns
 from tests.crawling import kill, site_file, wait_for
 from tests.redis_server import RedisServer
 from tests.test_redis_crawl import AGENTS, CLOCK, finish, min_gap_per_host, page_requests_of, start_all
@@ -31,8 +33,11 @@ from vertical import settings as project_settings
 from vertical.demo.server import serve
 from vertical.demo.site import BulkSite, DemoResponse, DemoSite
 from vertical.frontier import open_frontier
+from vertical.frontier.redis import RedisFrontier
+from vertical.frontier.sqlite import SQLiteFrontier
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+# The Redis cases skip themselves (the redis_server fixture) where redis-server is missing.
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 
 
 # -- a late process --------------------------------------------------------------------
@@ -126,27 +131,61 @@ def arrivals(requests: list[dict]) -> list[float]:
     return sorted(r["t"] for r in requests)
 
 
-# -- turns on Redis --------------------------------------------------------------------
+# -- turns on Redis and on a SQLite store ---------------------------------------------
+
+
+class Turns:
+    """A backend's turns, the store whose registry of crawl processes they
+    read, and the lease expiry of each turn in flight at a host of site "s"."""
+
+    def __init__(self, turns, store, leases) -> None:
+        self.turns, self.store, self.leases = turns, store, leases
+
+    def granted_at(self, token: str, lease: float, host: str = "h") -> float:
+        """When ``token`` was granted (on the turns' clock): its lease expiry minus the lease."""
+        return self.leases(host)[token] - lease
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def host_turns(request, tmp_path):
+    """Turns on an empty store of either kind."""
+    if request.param == "redis":
+        client = request.getfixturevalue("redis_server").client(
+            int(request.getfixturevalue("redis_url").rsplit("/", 1)[1]))
+        store = RedisFrontier(client, prefix="test")
+        turns = RedisHostTurns(store).open()
+
+        def leases(host):
+            return {t.decode(): s for t, s in client.zrange(turns.keys("s", host)[1], 0, -1, withscores=True)}
+        yield Turns(turns, store, leases)
+        client.close()
+    else:
+        path = tmp_path / "frontier.sqlite3"
+        store = SQLiteFrontier(path)
+        turns = SQLiteHostTurns(str(path)).open()
+        look = sqlite3.connect(turns.path)
+
+        def leases(host):
+            return dict(look.execute("SELECT token, lease FROM flight WHERE site = 's' AND host = ?", (host,)))
+        yield Turns(turns, store, leases)
+        look.close()
+        turns.close()
+        store.close()
 
 
 @pytest.fixture
-def host_turns(redis_server, redis_url):
-    """Turns on an empty database, and a client to look at their keys."""
+def redis_turns(redis_server, redis_url):
+    """Turns on an empty Redis database, and a client to look at their keys."""
     client = redis_server.client(int(redis_url.rsplit("/", 1)[1]))
-    yield HostTurns(client, "test"), client
+    yield RedisHostTurns(RedisFrontier(client, prefix="test")), client
     client.close()
 
 
-def grant_time(client, turns: HostTurns, token: str, lease: float) -> float:
-    """When Redis granted ``token`` (on its clock): its lease expiry minus the lease."""
-    return client.zscore(turns.keys("s", "h")[1], token) - lease
-
-
-def take_until_granted(turns: HostTurns, token: str, **kwargs) -> tuple[int, int]:
+def take_until_granted(turns, token: str, host: str = "h", **kwargs) -> tuple[int, int]:
     """Ask as a process does (sleep what it is told); return (refusals, expired)."""
     refused = expired = 0
     while True:
-        wait, cleared, _ = turns.take("s", "h", token, **kwargs)
+        wait, cleared, _ = turns.take("s", host, token, **kwargs)
         expired += cleared
         if wait <= 0:
             return refused, expired
@@ -155,7 +194,7 @@ def take_until_granted(turns: HostTurns, token: str, **kwargs) -> tuple[int, int
 
 
 def test_with_a_delay_a_turn_starts_a_delay_after_the_previous_download_ended(host_turns):
-    turns, client = host_turns
+    turns = host_turns.turns
     delay, lease = 0.2, 30.0
     assert turns.take("s", "h", "a", delay=delay, concurrency=4, lease=lease) == (0, 0, False)
     # One at a time whatever the concurrency, and no sooner than a delay from now.
@@ -164,11 +203,11 @@ def test_with_a_delay_a_turn_starts_a_delay_after_the_previous_download_ended(ho
     ended = turns.end("s", "h", "a")
     refused, _ = take_until_granted(turns, "b", delay=delay, concurrency=4, lease=lease)
     assert refused >= 1
-    assert grant_time(client, turns, "b", lease) >= ended + delay
+    assert host_turns.granted_at("b", lease) >= ended + delay
 
 
 def test_without_a_delay_at_most_the_concurrency_is_in_flight(host_turns):
-    turns, _ = host_turns
+    turns = host_turns.turns
     for token in ("a", "b"):
         assert turns.take("s", "h", token, delay=0, concurrency=2, lease=30)[0] == 0
     assert turns.take("s", "h", "c", delay=0, concurrency=2, lease=30)[0] == BUSY_POLL
@@ -178,42 +217,58 @@ def test_without_a_delay_at_most_the_concurrency_is_in_flight(host_turns):
 
 def test_the_larger_delay_of_two_consecutive_turns_holds(host_turns):
     # One process has read a Crawl-delay of 0.3 s, the other not yet.
-    turns, client = host_turns
+    turns = host_turns.turns
     assert turns.take("s", "h", "a", delay=0.3, concurrency=1, lease=30)[0] == 0
     ended = turns.end("s", "h", "a")
     take_until_granted(turns, "b", delay=0.01, concurrency=1, lease=30)
-    assert grant_time(client, turns, "b", 30) >= ended + 0.3
+    assert host_turns.granted_at("b", 30) >= ended + 0.3
 
 
 def test_a_take_asked_again_with_its_token_is_granted_again(host_turns):
     # The reply to a granted take was lost and the call retried: the turn is
     # already this token's, and must not wait for itself until its lease.
-    turns, client = host_turns
+    turns = host_turns.turns
     for host, delay in (("h", 0.2), ("h0", 0)):  # paced by the delay, or by the concurrency (1)
         assert turns.take("s", host, "a", delay=delay, concurrency=1, lease=30) == (0, 0, False)
         assert turns.take("s", host, "a", delay=delay, concurrency=1, lease=30) == (0, 0, False)
-        assert client.zcard(turns.keys("s", host)[1]) == 1
+        assert len(host_turns.leases(host)) == 1
         assert turns.take("s", host, "b", delay=delay, concurrency=1, lease=30)[0] > 0
 
 
 def test_a_turn_never_given_back_ends_with_its_lease(host_turns):
     # Its process died: the others wait for the lease, then the delay.
-    turns, client = host_turns
+    turns = host_turns.turns
     delay, lease = 0.1, 0.5
     assert turns.take("s", "h", "dead", delay=delay, concurrency=1, lease=lease)[0] == 0
-    expiry = client.zscore(turns.keys("s", "h")[1], "dead")
+    expiry = host_turns.leases("h")["dead"]
     refused, expired = take_until_granted(turns, "b", delay=delay, concurrency=1, lease=lease)
     assert refused >= 1 and expired == 1
-    assert grant_time(client, turns, "b", lease) >= expiry + delay
+    assert host_turns.granted_at("b", lease) >= expiry + delay
     # Reported after all (a late process, not a dead one): the next turn only moves later.
     assert turns.end("s", "h", "dead") >= expiry
 
 
-def test_a_host_state_lives_as_long_as_it_matters(host_turns):
-    turns, client = host_turns
+def test_a_turn_of_a_process_gone_from_the_registry_ends_at_once(host_turns):
+    # Its lease is long; the store's registry of crawl processes no longer
+    # holds its owner (reaped), while it holds the other's: the host is free
+    # a delay after the dead turn is found, and the live one's turn stands.
+    turns, delay, lease = host_turns.turns, 0.1, 600
+    host_turns.store.heartbeat("s", "alive", 60, {})
+    gone = f"gone{TOKEN_SEP}1"
+    assert turns.take("s", "h", gone, delay=delay, concurrency=1, lease=lease)[0] == 0
+    cleared_at = time.time()
+    refused, expired = take_until_granted(turns, f"alive{TOKEN_SEP}1", delay=delay, concurrency=1, lease=lease)
+    assert refused >= 1 and expired == 1
+    assert cleared_at + delay <= host_turns.granted_at(f"alive{TOKEN_SEP}1", lease) < cleared_at + 5
+    wait, expired, _ = turns.take("s", "h", f"alive{TOKEN_SEP}2", delay=delay, concurrency=1, lease=lease)
+    assert wait > 0 and expired == 0
+
+
+def test_a_host_state_lives_as_long_as_it_matters(redis_turns):
+    turns, client = redis_turns
     state, flight, _ = turns.keys("s", "h")
     turns.take("s", "h", "a", delay=2.0, concurrency=1, lease=30)
-    granted = grant_time(client, turns, "a", 30)
+    granted = client.zscore(flight, "a") - 30
     assert expires_at(client, flight) >= granted + 30 and expires_at(client, state) >= granted + 30
     ended = turns.end("s", "h", "a")
     assert not client.exists(flight)
@@ -221,18 +276,79 @@ def test_a_host_state_lives_as_long_as_it_matters(host_turns):
     assert abs(expires_at(client, state) - (ended + 2.0 + STATE_MARGIN)) <= 0.002
 
 
+def test_a_sqlite_host_state_is_dropped_once_it_stops_mattering(tmp_path):
+    # A new process's turns forget the hosts whose delay, wait and leases
+    # ended over a margin ago; the rest stay.
+    path = str(tmp_path / "frontier.sqlite3")
+    turns = SQLiteHostTurns(path).open()
+    for host in ("old", "slow", "flying", "quiet"):
+        turns.take("s", host, "a", delay=0.1, concurrency=1, lease=30)
+    for host in ("old", "slow", "quiet"):
+        turns.end("s", host, "a")
+    turns.hold("s", "quiet", 3600)
+    with sqlite3.connect(turns.path) as db:  # as if it all ended two margins ago
+        db.execute("UPDATE hosts SET done = done - 2 * ?", (STATE_MARGIN,))
+        db.execute("UPDATE hosts SET delay = ? WHERE host = 'slow'", (3 * STATE_MARGIN,))
+    turns.close()
+    turns = SQLiteHostTurns(path).open()
+    turns.renew("s", "next")  # the file is opened by the first call
+    with sqlite3.connect(turns.path) as db:
+        assert {h for (h,) in db.execute("SELECT host FROM hosts")} == {"slow", "flying", "quiet"}
+        assert [h for (h,) in db.execute("SELECT host FROM flight")] == ["flying"]
+    turns.close()
+
+
+def test_a_process_alone_on_a_sqlite_store_goes_solo_and_shares_when_another_joins(tmp_path):
+    """Members of a SQLite store's turns: one alone goes solo (takes no
+    turns); one that joins is granted none until the solo one has shared
+    what it has in flight and its hosts' last ends; the last one left goes
+    solo again."""
+    path = tmp_path / "frontier.sqlite3"
+    store, a, b = SQLiteFrontier(path), SQLiteHostTurns(str(path)), SQLiteHostTurns(str(path))
+    for owner in ("A", "B"):
+        store.heartbeat("s", owner, 60, {})
+    delay, lease = 0.2, 30
+    assert a.renew("s", "A") == (False, {}) and a.go_solo("s", "A") == {}
+    # B joins while A is solo, with a download in flight at "h" and one
+    # ended at "g" just now.
+    assert b.renew("s", "B")[0]
+    assert b.go_solo("s", "B") is None
+    assert b.take("s", "h", f"B{TOKEN_SEP}1", delay=delay, concurrency=1, lease=lease) == (MEMBER_RENEW / 4, 0, False)
+    assert a.renew("s", "A")[0]
+    ended = time.time()
+    a.share("s", "A", [("h", f"A{TOKEN_SEP}1", delay, lease)], {"g": (ended, delay)})
+    wait, _, _ = b.take("s", "h", f"B{TOKEN_SEP}1", delay=delay, concurrency=1, lease=lease)
+    assert wait >= delay  # A's request is in flight there
+    refused, _ = take_until_granted(b, f"B{TOKEN_SEP}2", delay=delay, concurrency=1, lease=lease, host="g")
+    assert refused >= 1 and time.time() >= ended + delay
+    a_ended = a.end("s", "h", f"A{TOKEN_SEP}1")
+    take_until_granted(b, f"B{TOKEN_SEP}1", delay=delay, concurrency=1, lease=lease)
+    assert time.time() >= a_ended + delay
+    # B's downloads end and it leaves: A is alone again, and paces each host
+    # from B's last end there. A member whose process the store's registry
+    # no longer holds counts for nothing.
+    b.end("s", "g", f"B{TOKEN_SEP}2")
+    b.end("s", "h", f"B{TOKEN_SEP}1")
+    b.leave("s", "B")
+    store.heartbeat("s", "C", -1, {})  # its heartbeat ran out
+    assert b.renew("s", "C")[0] is True  # C sees A
+    assert a.renew("s", "A")[0] is False
+    assert set(a.go_solo("s", "A")) == {"g", "h"}  # B's last downloads there ended within the delay
+    for turns in (a, b):
+        turns.close()
+    store.close()
+
+
 def test_a_host_that_asked_to_wait_grants_no_page_a_turn_before_then(host_turns):
     # A 429 with Retry-After: the turn ends with the wait asked for. Pages of
     # every process are refused, told so (held) and for how long; robots.txt
     # and sitemaps (not holdable) are paced as before.
-    turns, client = host_turns
-    state, _, _ = turns.keys("s", "h")
+    turns = host_turns.turns
     assert turns.take("s", "h", "a", delay=0.1, concurrency=1, lease=30)[0] == 0
     turns.end("s", "h", "a")
-    ended = turns.hold("s", "h", 3600)
+    turns.hold("s", "h", 3600)
     wait, _, held = turns.take("s", "h", "b", delay=0.1, concurrency=1, lease=30)
     assert held and 3599 < wait <= 3600
-    assert expires_at(client, state) >= ended + STATE_MARGIN - 0.002
     refused, _ = take_until_granted(turns, "robots", delay=0.1, concurrency=1, lease=30, holdable=False)
     assert refused >= 1  # the delay after the 429, and no more
     # A shorter wait asked later does not shorten it.
@@ -241,8 +357,16 @@ def test_a_host_that_asked_to_wait_grants_no_page_a_turn_before_then(host_turns)
     assert turns.take("s", "h", "b", delay=0.1, concurrency=1, lease=30)[0] > 3590
 
 
+def test_a_wait_a_host_asked_for_keeps_its_state_in_redis(redis_turns):
+    turns, client = redis_turns
+    turns.take("s", "h", "a", delay=0.1, concurrency=1, lease=30)
+    turns.end("s", "h", "a")
+    ended = turns.hold("s", "h", 3600)
+    assert expires_at(client, turns.keys("s", "h")[0]) >= ended + STATE_MARGIN - 0.002
+
+
 def test_the_wait_a_host_asked_for_ends(host_turns):
-    turns, client = host_turns
+    turns = host_turns.turns
     assert turns.take("s", "h", "a", delay=0, concurrency=1, lease=30)[0] == 0
     turns.end("s", "h", "a")
     ended = turns.hold("s", "h", 0.5)
@@ -250,7 +374,7 @@ def test_the_wait_a_host_asked_for_ends(host_turns):
     assert held and 0 < wait <= 0.5
     time.sleep(wait)
     assert turns.take("s", "h", "b", delay=0, concurrency=1, lease=30) == (0, 0, False)
-    assert grant_time(client, turns, "b", 30) >= ended
+    assert host_turns.granted_at("b", 30) >= ended
 
 
 def expires_at(client, key: str) -> float:
@@ -261,14 +385,23 @@ def expires_at(client, key: str) -> float:
 # -- crawl processes at a server -------------------------------------------------------
 
 
-def test_late_processes_never_send_closer_than_the_delay(tmp_path, redis_url):
+@pytest.fixture(params=["redis", "sqlite"])
+def shared_store(request, tmp_path) -> str:
+    """A store the crawl processes of a test share: an empty Redis database,
+    or a new SQLite file on this machine."""
+    if request.param == "redis":
+        return request.getfixturevalue("redis_url")
+    return f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+
+
+def test_late_processes_never_send_closer_than_the_delay(tmp_path, shared_store):
     """Three processes, each busy for up to 300 ms between a turn and its
     sending before half of their requests: a schedule of send times would
     put requests closer than the delay; turns taken at sending cannot."""
     delay = 0.2
     with serve(DemoSite(seed=0, films=30)) as demo:
         site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 1})
-        results = finish(start_all(site, redis_url, tmp_path, settings=with_late_process(VERTICAL_CLAIM_BATCH=4)),
+        results = finish(start_all(site, shared_store, tmp_path, settings=with_late_process(VERTICAL_CLAIM_BATCH=4)),
                          tmp_path)
         every = demo.requests
     assert all(r.stat("hostrate_test/late") > 0 for r in results.values())
@@ -278,17 +411,20 @@ def test_late_processes_never_send_closer_than_the_delay(tmp_path, redis_url):
     assert max(Counter(r["path"] for r in pages).values()) == 1
     gaps = min_gap_per_host(every)
     assert gaps and all(gap >= delay - CLOCK for gap in gaps.values()), gaps
-    assert sum(r.stat("vertical/hostrate/granted") for r in results.values()) == len(every)
+    # Each request took a turn, or was sent by a process alone on a SQLite
+    # store (the last one left, once the others had finished).
+    sent = sum(r.stat("vertical/hostrate/granted") + r.stat("vertical/hostrate/solo") for r in results.values())
+    assert sent == len(every)
 
 
-def test_without_a_delay_the_concurrency_holds_across_processes(tmp_path, redis_url):
+def test_without_a_delay_the_concurrency_holds_across_processes(tmp_path, shared_store):
     """Concurrency 2 and no delay; the server takes 0.1 s over each request,
     so a third request arriving within 0.1 s of the one two before it would
     make three in flight at the server."""
     slow, concurrency = 0.1, 2
     with serve(DemoSite(seed=0, films=30), slow_host=0, slow_seconds=slow) as demo:
         site = site_file(tmp_path, demo.url, politeness={"delay": 0, "concurrency": concurrency})
-        results = finish(start_all(site, redis_url, tmp_path, settings={"VERTICAL_CLAIM_BATCH": 4}), tmp_path)
+        results = finish(start_all(site, shared_store, tmp_path, settings={"VERTICAL_CLAIM_BATCH": 4}), tmp_path)
         every = demo.requests
     assert all(r.stat("vertical/hostrate/granted") > 0 for r in results.values())
     t = arrivals(every)
@@ -298,7 +434,7 @@ def test_without_a_delay_the_concurrency_holds_across_processes(tmp_path, redis_
     assert min(b - a for a, b in zip(t, t[1:])) < slow  # and the concurrency was used
 
 
-def test_a_process_killed_in_its_turn_holds_the_host_until_it_is_known_dead(tmp_path, redis_url):
+def test_a_process_killed_in_its_turn_holds_the_host_until_it_is_known_dead(tmp_path, shared_store):
     """The victim stalls between its turn and the sending, and is killed
     there: its request never goes; its turn ends once the others find it dead
     (its pid is gone: the frontier reaps it), not only after its lease
@@ -309,8 +445,8 @@ def test_a_process_killed_in_its_turn_holds_the_host_until_it_is_known_dead(tmp_
         site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 1})
         common = {"VERTICAL_LEASE": 4, "VERTICAL_CLAIM_BATCH": 4, "DOWNLOAD_TIMEOUT": timeout}
         victim = AGENTS[0]
-        procs = start_all(site, redis_url, tmp_path, agents=AGENTS[1:], settings=common)
-        procs[victim] = start_all(site, redis_url, tmp_path, agents=[victim], settings=with_late_process(
+        procs = start_all(site, shared_store, tmp_path, agents=AGENTS[1:], settings=common)
+        procs[victim] = start_all(site, shared_store, tmp_path, agents=[victim], settings=with_late_process(
             HOSTRATE_TEST_LATE_SHARE=0, HOSTRATE_TEST_STALL_AT=6, HOSTRATE_TEST_STALL_FILE=stall_file,
             **common))[victim]
         wait_for(lambda: stall_file.exists() or procs[victim].poll() is not None, timeout=120)
@@ -333,13 +469,39 @@ def test_a_process_killed_in_its_turn_holds_the_host_until_it_is_known_dead(tmp_
     assert all(gap >= delay - CLOCK for gap in gaps.values()), gaps
 
 
-def test_a_crawl_delay_read_by_each_process_paces_them_all(tmp_path, redis_url):
+def test_a_process_alone_on_a_sqlite_store_shares_its_hosts_with_one_that_joins(tmp_path):
+    """The first process crawls alone (solo: Scrapy paces its hosts, no
+    turns taken); a second joins in the middle. Once it has, the first takes
+    turns too, and the requests of both, those the first had in flight
+    then included, arrive at the host at least the delay apart."""
+    delay = 0.2
+    store = f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    with serve(DemoSite(seed=0, films=60)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 1})
+        procs = start_all(site, store, tmp_path, agents=AGENTS[:1], settings={"VERTICAL_CLAIM_BATCH": 4})
+        wait_for(lambda: len(page_requests_of(demo.requests)) >= 15, timeout=120)
+        procs.update(start_all(site, store, tmp_path, agents=AGENTS[1:2], settings={"VERTICAL_CLAIM_BATCH": 4}))
+        results = finish(procs, tmp_path)
+        every = demo.requests
+    first, second = (results[a] for a in AGENTS[:2])
+    by_agent = Counter(r["user_agent"] for r in every)
+    assert by_agent[AGENTS[1]] >= 5, by_agent  # they shared the host
+    assert first.stat("vertical/hostrate/shared") == 1
+    # Alone, the first sent its first 15 requests or so without a turn.
+    assert first.stat("vertical/hostrate/solo") >= 13
+    for agent, result in results.items():
+        assert result.stat("vertical/hostrate/granted") + result.stat("vertical/hostrate/solo") == by_agent[agent]
+    gaps = min_gap_per_host(every)
+    assert gaps and all(gap >= delay - CLOCK for gap in gaps.values()), gaps
+
+
+def test_a_crawl_delay_read_by_each_process_paces_them_all(tmp_path, shared_store):
     """robots.txt asks for 0.25 s, more than the site's 0.02 s delay: every
     page request arrives at least 0.25 s after the request before it."""
     crawl_delay = 0.25
     with serve(DemoSite(seed=0, films=10, crawl_delay=crawl_delay)) as demo:
         site = site_file(tmp_path, demo.url, politeness={"delay": 0.02, "concurrency": 1})
-        finish(start_all(site, redis_url, tmp_path, agents=AGENTS[:2], settings={"VERTICAL_CLAIM_BATCH": 4}),
+        finish(start_all(site, shared_store, tmp_path, agents=AGENTS[:2], settings={"VERTICAL_CLAIM_BATCH": 4}),
                tmp_path)
         every = demo.requests
     gaps = [b["t"] - a["t"] for a, b in zip(every, every[1:]) if b["path"] != "/robots.txt"]
@@ -363,7 +525,7 @@ class AskingToWait(BulkSite):
         return super().render(path, host, headers, step)
 
 
-def test_a_host_that_asks_one_process_to_wait_is_left_alone_by_all(tmp_path, redis_url):
+def test_a_host_that_asks_one_process_to_wait_is_left_alone_by_all(tmp_path, shared_store):
     """Three processes share two hosts; the first answers 429 with
     Retry-After an hour from its sixth page on. Once it has, not one more
     page request reaches it, from any process (each used to send its own
@@ -378,7 +540,7 @@ def test_a_host_that_asks_one_process_to_wait_is_left_alone_by_all(tmp_path, red
             "allowed_domains": ["127.0.0.1", "127.0.0.2"], "documents": [],
             "politeness": {"delay": 0.1, "concurrency": 1}}))
         before = time.time()
-        results = finish(start_all(site, redis_url, tmp_path, settings={"VERTICAL_CLAIM_BATCH": 4}), tmp_path)
+        results = finish(start_all(site, shared_store, tmp_path, settings={"VERTICAL_CLAIM_BATCH": 4}), tmp_path)
         every = page_requests_of(server.requests)
     first = [r for r in every if r["host"] == "127.0.0.1"]
     asked = next(i for i, r in enumerate(first) if r["status"] == 429)
@@ -388,7 +550,7 @@ def test_a_host_that_asks_one_process_to_wait_is_left_alone_by_all(tmp_path, red
     # The others found the host held, each with a page it put back.
     assert sum(r.stat("vertical/hostrate/held") > 0 for r in results.values()) == 2, \
         {a: r.stats for a, r in results.items()}
-    frontier = open_frontier(redis_url)
+    frontier = open_frontier(shared_store)
     try:
         known = list(frontier.iter_records("bulk"))
     finally:
@@ -402,6 +564,7 @@ def test_a_host_that_asks_one_process_to_wait_is_left_alone_by_all(tmp_path, red
     assert len(put_back) >= 1 + sum(r.stat("vertical/hostrate/held") for r in results.values())
 
 
+@needs_redis
 def test_the_reactor_runs_while_a_turn_waits_for_a_stopped_redis(tmp_path):
     """redis-server is SIGSTOPped for a few seconds in the middle of a crawl
     with the per-host rate on: every request then waits for its turn, but

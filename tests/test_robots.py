@@ -281,9 +281,21 @@ def test_a_host_that_asks_to_wait_is_left_alone_that_long(tmp_path, status, retr
         entry = records(store, "small")["/a"]
         assert entry.state == "new" and entry.visits == 0 and not entry.claim_owner
         assert before + wait - 5 <= entry.next_fetch <= time.time() + wait
-        # Once the wait is over, the host is fetched again.
+        # A run while the wait is on (the page due on its clock) leaves the
+        # host alone too: the wait is kept for every process of the store.
         server.log.clear()
-        crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": wait + 60})
+        held = crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": wait + 60})
+        assert "/a" not in server.log and held.stat("vertical/hostrate/held") == 1, server.log
+        # Once the wait is over, the host is fetched again. The next run is
+        # moved past it and past the page's postponement by the held run
+        # (VERTICAL_TIME_OFFSET moves due times only), and so is the wait,
+        # kept on the machine's clock.
+        later = 2 * (wait + 60)
+        with sqlite3.connect(f"{store}-hostrate") as turns:
+            assert turns.execute("SELECT until FROM hosts").fetchone()[0] >= before + wait - 5
+            turns.execute("UPDATE hosts SET until = until - ?", (later,))
+        server.log.clear()
+        crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": later})
         assert "/a" in server.log
 
 

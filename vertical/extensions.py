@@ -70,8 +70,8 @@ class DelayAfterDownload:
     response left the host after the previous request arrived. The price is
     a host fetched at ``1 / (delay + latency)`` rather than ``1 / delay``;
     a failed download keeps Scrapy's rule (from its send). Slots without a
-    delay are left alone; the shared host rate of a Redis store applies the
-    same rule across processes (:mod:`middlewares.hostrate`).
+    delay are left alone; the shared host rate applies the same rule across
+    the processes of a store (:mod:`middlewares.hostrate`).
     """
 
     def __init__(self, crawler: Crawler) -> None:

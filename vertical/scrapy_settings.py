@@ -1,8 +1,8 @@
 """Scrapy settings a user may already have, and what vertical does with them.
 
 vertical replaces Scrapy's scheduler (with the frontier), its per-host pacing
-(with the site's politeness, robots.txt ``Crawl-delay`` and, on Redis, a rate
-shared by all processes) and its link following (links go to the frontier,
+(with the site's politeness, robots.txt ``Crawl-delay`` and a rate shared by
+all processes of a store) and its link following (links go to the frontier,
 not through the spider middlewares). Scrapy settings that act on those
 would either fight vertical or do nothing without a word, so each one here
 works or stops the run before any request, with one line that says why and
@@ -115,7 +115,7 @@ def check(settings: Any) -> None:
     why``) for the first Scrapy setting vertical cannot honour."""
     if settings.getbool("AUTOTHROTTLE_ENABLED"):
         _refuse("AUTOTHROTTLE_ENABLED", "vertical paces each host itself (the site's politeness.delay, raised "
-                "by robots.txt Crawl-delay, shared by all processes of a Redis store), and AutoThrottle would "
+                "by robots.txt Crawl-delay, shared by all processes of a store), and AutoThrottle would "
                 "rewrite those delays: unset it and tune politeness: {delay, concurrency} in the site config")
     if settings.getint("CONCURRENT_REQUESTS_PER_IP"):
         _refuse("CONCURRENT_REQUESTS_PER_IP", "the frontier serves and limits hosts, not IP addresses: unset it "

@@ -291,6 +291,22 @@ def _usable(path: str) -> Iterator[None]:
         raise
 
 
+def use_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Switch ``db``'s file to WAL. Several processes opening a new file at
+    once all ask for it, and SQLite answers "database is locked" at once,
+    without its busy handler, to all but the one that switches: retry within
+    ``timeout`` (once switched, the mode is kept in the file)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 class SQLiteFrontier(Frontier):
     """:class:`Frontier` in one SQLite file (``sqlite:///relative.sqlite3`` or
     ``sqlite:////absolute.sqlite3``)."""
@@ -311,7 +327,7 @@ class SQLiteFrontier(Frontier):
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
                                    check_same_thread=False)
-        self._journal_mode_wal(timeout)
+        use_wal(self._db, timeout)
         self._file = _identity(self.path)  # written by now: the file exists
         # NORMAL is durable against process kills (the WAL is in the OS cache);
         # only a power loss may drop the last transactions.
@@ -342,21 +358,6 @@ class SQLiteFrontier(Frontier):
                 # also created the triggers, so no insert falls in between.
                 db.execute("INSERT INTO site_counts (site, records) "
                            "SELECT site, COUNT(*) FROM urls GROUP BY site")
-
-    def _journal_mode_wal(self, timeout: float) -> None:
-        """Switch the store to WAL. Several processes opening a new store at
-        once all ask for it, and SQLite answers "database is locked" at once,
-        without its busy handler, to all but the one that switches: retry
-        within ``timeout`` (once switched, the mode is kept in the file)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.05)
 
     @classmethod
     def from_uri(cls, uri: str) -> SQLiteFrontier:

@@ -16,7 +16,7 @@ made. One thread, not a pool:
   and the reactor keeps running.
 
 The shared per-host rate (``middlewares/hostrate.py``) has a StoreThread of
-its own, on its own Redis connection: a host's turn is taken as its request
+its own, on its own connection (to Redis, or to its file beside a SQLite store): a host's turn is taken as its request
 is sent and must not queue behind a claim or a write-back.
 
 Each call returns a Deferred fired on the reactor thread.
@@ -47,7 +47,8 @@ T = TypeVar("T")
 class StoreThread:
     """A thread that owns a :class:`~vertical.frontier.base.Frontier`.
 
-    ``open_store`` builds the frontier; it runs on the thread (:meth:`open`).
+    ``open_store`` builds the frontier (or another store with a ``close``
+    method: the per-host rate's turns); it runs on the thread (:meth:`open`).
     :meth:`call` runs any function there (one taking the frontier, or a
     bound method of it); :meth:`close` closes the store there and ends the
     thread once every call made before it has run.
