@@ -142,7 +142,7 @@ from vertical.compat import (download_slot, set_slot_delay, slot_active, slot_co
                              touch_slot)
 from vertical.frontier import REDIS_SCHEMES
 from vertical.frontier.worker import StoreThread
-from vertical.scheduler import META_RECORD
+from vertical.scheduler import META_RECORD, STORE_UNSUITABLE
 
 # redis (and the Redis frontier) are imported only once the middleware is
 # enabled: Scrapy imports every configured middleware, and a crawl on a
@@ -366,6 +366,11 @@ class RedisHostTurns:
         return float(self._hold(keys=self.keys(site, host), args=[repr(seconds), repr(STATE_MARGIN)]))
 
 
+#: The layout of ``<store>-hostrate`` (its ``user_version``): a file of
+#: another layout holds nothing worth keeping (every turn ends with its
+#: lease) and is laid out anew.
+_SQLITE_LAYOUT = 1
+
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS hosts (
     site TEXT NOT NULL,
@@ -373,6 +378,7 @@ CREATE TABLE IF NOT EXISTS hosts (
     done REAL NOT NULL,
     delay REAL NOT NULL,
     until REAL NOT NULL,
+    owner TEXT,
     PRIMARY KEY (site, host)
 );
 CREATE TABLE IF NOT EXISTS flight (
@@ -400,8 +406,8 @@ class SQLiteHostTurns:
     a take or an end is a short write transaction there, and must not wait
     behind a claim or a write-back holding the store's write lock. A host
     has a row in ``hosts`` (when its last download ended, the delay of its
-    last turn, until when it asked to be left alone) and one in ``flight``
-    per turn in flight (its lease's expiry). The clock is the machine's, as
+    last turn, until when it asked to be left alone, and which process wrote
+    the end) and one in ``flight`` per turn in flight (its lease's expiry). The clock is the machine's, as
     the store's; the registry of crawl processes is read from the store.
     Nothing in the file outlives a power loss that matters: every turn ends
     with its lease, so its writes are not synced.
@@ -411,13 +417,18 @@ class SQLiteHostTurns:
     with nobody. So each process is a *member* of the file (``members``,
     renewed every :data:`MEMBER_RENEW` seconds, gone after
     :data:`MEMBER_TTL` or once the store's registry no longer holds it), and
-    one that finds no other live member of its site goes *solo*: Scrapy's
-    download slot paces its hosts, and it only notes what it has in flight
-    and when its downloads ended. A process that joins while another is solo
-    is granted no turn until that one has *shared* (:meth:`share`, at its next
+    one that finds no other live member of its site, and no other's turn in
+    flight, goes *solo* (:meth:`go_solo`): Scrapy's download slot paces its
+    hosts, counting from the last end there, its own or another's. A solo
+    process writes a host's name before its first request there
+    (:meth:`announce`), and at each renewal the end of its downloads and the
+    hosts it has requests at: a member found dead is taken to have used each
+    host it wrote until then, so a process that starts after it was killed
+    keeps the delay too. A process that joins while another is solo is
+    granted no turn until that one has *shared* (:meth:`share`, at its next
     renewal): written its requests in flight as turns and its hosts' last
     ends, in the transaction that marks it shared. From then on both take
-    turns; the last one left goes solo again (:meth:`go_solo`).
+    turns; the last one left goes solo again.
     """
 
     #: A file locked by another process is waited for by SQLite's own busy
@@ -454,6 +465,10 @@ class SQLiteHostTurns:
             use_wal(db, self.timeout)
             db.execute("PRAGMA synchronous=OFF")
             with self._write(db) as tx:
+                if tx.execute("PRAGMA user_version").fetchone()[0] != _SQLITE_LAYOUT:
+                    for table in ("hosts", "flight", "members"):
+                        tx.execute(f"DROP TABLE IF EXISTS {table}")
+                    tx.execute(f"PRAGMA user_version = {_SQLITE_LAYOUT}")
                 for statement in _SQLITE_SCHEMA.split(";"):
                     tx.execute(statement)
                 now = time.time()
@@ -493,10 +508,21 @@ class SQLiteHostTurns:
         return row or (0.0, 0.0, 0.0)
 
     @staticmethod
-    def _put(db: sqlite3.Connection, site: str, host: str, done: float, delay: float, until: float) -> None:
-        db.execute("INSERT INTO hosts (site, host, done, delay, until) VALUES (?, ?, ?, ?, ?) "
+    def _put(db: sqlite3.Connection, site: str, host: str, done: float, delay: float, until: float,
+             owner: str | None = None) -> None:
+        """Write a host's state; ``owner`` (when given) wrote its ``done``."""
+        db.execute("INSERT INTO hosts (site, host, done, delay, until, owner) VALUES (?, ?, ?, ?, ?, ?) "
                    "ON CONFLICT (site, host) DO UPDATE SET done = excluded.done, delay = excluded.delay, "
-                   "until = excluded.until", (site, host, done, delay, until))
+                   "until = excluded.until, owner = coalesce(excluded.owner, owner)",
+                   (site, host, done, delay, until, owner))
+
+    def _used(self, db: sqlite3.Connection, site: str, owner: str, hosts: Mapping[str, tuple[float, float]],
+              now: float) -> None:
+        """``owner`` used ``hosts`` (host -> (when a download there ended, or
+        now for one in flight; its delay)) while solo."""
+        for host, (ended, delay) in hosts.items():
+            done, _, quiet = self._state(db, site, host)
+            self._put(db, site, host, max(done, min(ended, now)), delay, quiet, owner)
 
     def _dead(self, site: str, token: str, now: float) -> bool:
         """Is the crawl process that holds ``token`` gone from the store's
@@ -514,37 +540,66 @@ class SQLiteHostTurns:
     # -- members: alone or sharing ----------------------------------------------
 
     def _others(self, db: sqlite3.Connection, site: str, owner: str, now: float) -> list[tuple[str, int]]:
-        """The other live members of ``site``: (owner, solo)."""
-        rows = db.execute("SELECT owner, solo FROM members WHERE site = ? AND owner != ? AND until >= ?",
-                          (site, owner, now)).fetchall()
-        return [(other, solo) for other, solo in rows if not self._dead(site, f"{other}{TOKEN_SEP}", now)]
+        """The other live members of ``site``: (owner, solo). A member found
+        dead (its membership ran out, or the store's registry no longer
+        holds it) is removed, and each host it last wrote counts as used
+        until now: it may have been sending there, solo, until it died."""
+        alive = []
+        for other, until, solo in db.execute("SELECT owner, until, solo FROM members WHERE site = ? AND owner != ?",
+                                             (site, owner)).fetchall():
+            if until >= now and not self._dead(site, f"{other}{TOKEN_SEP}", now):
+                alive.append((other, solo))
+                continue
+            db.execute("UPDATE hosts SET done = max(done, ?) WHERE site = ? AND owner = ?", (now, site, other))
+            db.execute("DELETE FROM members WHERE site = ? AND owner = ?", (site, other))
+        return alive
 
-    def renew(self, site: str, owner: str) -> tuple[bool, dict[str, float]]:
-        """Renew ``owner``'s membership (a new member is not solo). Returns
-        whether another live member shares the site, and the hosts that
-        asked to be left alone, with until when (a solo process holds its
-        pages itself)."""
+    def renew(self, site: str, owner: str, used: Mapping[str, tuple[float, float]] | None = None,
+              ) -> tuple[bool, dict[str, float]]:
+        """Renew ``owner``'s membership (a new member is not solo), with the
+        hosts it ``used`` solo since (as :meth:`_used`). Returns whether
+        another live member shares the site, and the hosts that asked to be
+        left alone, with until when (a solo process holds its pages itself)."""
         with self._write() as db:
             now = time.time()
             db.execute("INSERT INTO members (site, owner, until, solo) VALUES (?, ?, ?, 0) "
                        "ON CONFLICT (site, owner) DO UPDATE SET until = excluded.until",
                        (site, owner, now + MEMBER_TTL))
-            db.execute("DELETE FROM members WHERE until < ?", (now - MEMBER_TTL,))
+            self._used(db, site, owner, used or {}, now)
             others = bool(self._others(db, site, owner, now))
             quiet = dict(db.execute("SELECT host, until FROM hosts WHERE site = ? AND until > ?", (site, now)))
             return others, quiet
 
-    def go_solo(self, site: str, owner: str) -> dict[str, float] | None:
+    def go_solo(self, site: str, owner: str) -> dict[str, tuple[float, float]] | None:
         """Mark ``owner`` solo if it is still the only live member of
-        ``site``. Returns None if it is not, else when the last download at
-        each host whose delay has not run out since ended (its own or that of
-        a process just gone): its slot paces from there."""
+        ``site`` and no turn of another is in flight. Returns None if not,
+        else each host whose delay has not run out since its last download
+        ended (this process's or one just gone): host -> (that end, the
+        delay), for its slot to pace from."""
         with self._write() as db:
             now = time.time()
             if self._others(db, site, owner, now):
                 return None
+            # As a take would: a turn whose lease ran out ends at its expiry,
+            # one of a process known dead now; a live one's keeps it shared.
+            for host, token, lease in db.execute("SELECT host, token, lease FROM flight WHERE site = ?",
+                                                 (site,)).fetchall():
+                if token.partition(TOKEN_SEP)[0] == owner:
+                    continue  # its own, in flight: its slot waits for them
+                if lease > now and not self._dead(site, token, now):
+                    return None
+                done, delay, quiet = self._state(db, site, host)
+                self._put(db, site, host, max(done, min(lease, now)), delay, quiet)
+                db.execute("DELETE FROM flight WHERE site = ? AND host = ? AND token = ?", (site, host, token))
             db.execute("UPDATE members SET solo = 1 WHERE site = ? AND owner = ?", (site, owner))
-            return dict(db.execute("SELECT host, done FROM hosts WHERE site = ? AND done + delay > ?", (site, now)))
+            return {host: (done, delay) for host, done, delay in db.execute(
+                "SELECT host, done, delay FROM hosts WHERE site = ? AND done + delay > ?", (site, now))}
+
+    def announce(self, site: str, owner: str, host: str, delay: float) -> None:
+        """Solo ``owner`` is about to send its first request to ``host``
+        since it went solo: were it to die, the host counts as used."""
+        with self._write() as db:
+            self._used(db, site, owner, {host: (time.time(), delay)}, time.time())
 
     def share(self, site: str, owner: str, flight: Sequence[tuple[str, str, float, float]],
               ends: Mapping[str, tuple[float, float]]) -> None:
@@ -559,14 +614,14 @@ class SQLiteHostTurns:
                 db.execute("INSERT OR REPLACE INTO flight (site, host, token, lease) VALUES (?, ?, ?, ?)",
                            (site, host, token, now + lease))
                 self._put(db, site, host, done, max(delay, last_delay), quiet)
-            for host, (ended, delay) in ends.items():
-                done, last_delay, quiet = self._state(db, site, host)
-                self._put(db, site, host, max(done, ended), max(delay, last_delay), quiet)
+            self._used(db, site, owner, ends, now)
             db.execute("UPDATE members SET solo = 0 WHERE site = ? AND owner = ?", (site, owner))
 
-    def leave(self, site: str, owner: str) -> None:
-        """``owner`` is closing: it no longer shares the site."""
+    def leave(self, site: str, owner: str, used: Mapping[str, tuple[float, float]] | None = None) -> None:
+        """``owner`` is closing, with the hosts it ``used`` solo since its
+        last renewal: it no longer shares the site."""
         with self._write() as db:
+            self._used(db, site, owner, used or {}, time.time())
             db.execute("DELETE FROM members WHERE site = ? AND owner = ?", (site, owner))
 
     # -- turns ----------------------------------------------------------------
@@ -622,7 +677,7 @@ class SQLiteHostTurns:
             db.execute("DELETE FROM flight WHERE site = ? AND host = ? AND token = ?", (site, host, token))
             done, delay, quiet = self._state(db, site, host)
             done = max(done, now)
-            self._put(db, site, host, done, delay, quiet)
+            self._put(db, site, host, done, delay, quiet, token.partition(TOKEN_SEP)[0])
             return done
 
     def hold(self, site: str, host: str, seconds: float) -> float:
@@ -647,6 +702,7 @@ class _Host:
 class _Turn:
     host: str
     token: str
+    delay: float
     placed: bool = True  # holds a place among this process's requests to the host (not sent solo)
 
 
@@ -675,10 +731,12 @@ class HostRateMiddleware:
         # what that leaves to share once another process joins.
         self._solo = False
         self._solo_flight: dict[Request, tuple[str, float]] = {}  # request -> (host, delay)
-        self._ended: dict[str, tuple[float, float]] = {}  # host -> (last download's end, delay)
+        self._ended: dict[str, tuple[float, float]] = {}  # host -> (last download's end, delay), any process's
+        self._unsent: dict[str, tuple[float, float]] = {}  # the same, solo, not written to the file yet
+        self._announced: set[str] = set()  # hosts written to the file since this process went solo
         self._quiet: dict[str, float] = {}  # host -> until when it asked to be left alone
-        self._done: dict[str, float] = {}  # host -> when a download sent with a turn ended there, once solo
         self._membership: task.LoopingCall | None = None
+        self._renewed = False  # once: the file is usable
         crawler.signals.connect(self._left_downloader, signal=signals.request_left_downloader)
         crawler.signals.connect(self._opened, signal=signals.spider_opened)
         crawler.signals.connect(self._close, signal=signals.spider_closed)
@@ -704,12 +762,18 @@ class HostRateMiddleware:
         if self._solo:
             if META_RECORD in request.meta and (wait := self._quiet.get(host, 0.0) - time.time()) > 0:
                 raise self._held_back(request, wait)
-            set_slot_delay(slot, delay)  # alone: Scrapy's slot paces the host,
-            if (done := self._done.pop(host, None)) is not None:  # from the last download sent with a turn
-                touch_slot(slot, monotonic() - (time.time() - done))
-            self._solo_flight[request] = (host, delay)
-            self.stats.inc_value("vertical/hostrate/solo")
-            return
+            if host not in self._announced:
+                await maybe_deferred_to_future(self._call(self.turns.announce, self._site(), self._member(),
+                                                          host, delay))
+                self._announced.add(host)
+            if self._solo:  # still: alone, Scrapy's slot paces the host from its last download's end
+                set_slot_delay(slot, delay)
+                if (last := self._ended.get(host)) is not None:
+                    ended, its_delay = last  # the larger of two processes' delays holds
+                    touch_slot(slot, monotonic() - (time.time() - ended) + max(0.0, its_delay - delay))
+                self._solo_flight[request] = (host, delay)
+                self.stats.inc_value("vertical/hostrate/solo")
+                return
         set_slot_delay(slot, 0.0)  # paced here; see the module docstring
         slot_active(slot).add(request)  # the scheduler's "host busy" test
         try:
@@ -776,7 +840,7 @@ class HostRateMiddleware:
         except BaseException:
             self._leave(host)
             raise
-        self._held[request] = _Turn(host, token)
+        self._held[request] = _Turn(host, token, delay)
         self.stats.inc_value("vertical/hostrate/granted")
         if waited:
             self.stats.inc_value("vertical/hostrate/waited")
@@ -805,12 +869,12 @@ class HostRateMiddleware:
     def _end_turn(self, request: Request) -> None:
         if (sent := self._solo_flight.pop(request, None)) is not None:
             host, delay = sent
-            self._ended[host] = (time.time(), delay)
+            self._ended[host] = self._unsent[host] = (time.time(), delay)
             return
         turn = self._held.pop(request, None)
         if turn is not None:
-            if self._solo:  # taken before this process went solo: its slot paces from this end
-                self._done[turn.host] = time.time()
+            # Should this process go solo, its slot paces from this end.
+            self._ended[turn.host] = (time.time(), turn.delay)
             self._give_back(self._site(), turn, leave=turn.placed)
 
     def _give_back(self, site: str, turn: _Turn, *, leave: bool) -> None:
@@ -866,7 +930,9 @@ class HostRateMiddleware:
         assert isinstance(self.turns, SQLiteHostTurns)
         site, owner = self._site(), self._member()
         try:
-            others, self._quiet = await maybe_deferred_to_future(self._call(self.turns.renew, site, owner))
+            others, self._quiet = await maybe_deferred_to_future(
+                self._call(self.turns.renew, site, owner, self._solo_use()))
+            self._renewed = True
             horizon = time.time() - STATE_MARGIN  # ends older than their delay and this matter to nobody
             self._ended = {host: (ended, delay) for host, (ended, delay) in self._ended.items()
                            if ended + delay > horizon}
@@ -874,28 +940,52 @@ class HostRateMiddleware:
                 # From now on this process's requests take turns; theirs are
                 # asked on the thread after the share, which others wait for.
                 self._solo = False
-                ends = self._ended
                 flight = []
                 for request, (host, delay) in self._solo_flight.items():
                     token = self._token()
                     lease = float(request.meta.get("download_timeout", self.download_timeout)) + LEASE_MARGIN
                     flight.append((host, token, delay, lease))
-                    self._held[request] = _Turn(host, token, placed=False)
+                    self._held[request] = _Turn(host, token, delay, placed=False)
                 self._solo_flight.clear()
-                self._ended = {}
-                self._done.clear()
+                self._unsent = {}  # in the ends shared
                 logger.info("Another crawl process shares the store: this one takes turns at hosts with it")
                 self.stats.inc_value("vertical/hostrate/shared")
-                await maybe_deferred_to_future(self._call(self.turns.share, site, owner, flight, ends))
+                await maybe_deferred_to_future(self._call(self.turns.share, site, owner, flight, dict(self._ended)))
             elif not others and not self._solo:
                 ends = await maybe_deferred_to_future(self._call(self.turns.go_solo, site, owner))
                 if ends is not None:
                     self._solo = True
-                    for host, ended in ends.items():
-                        self._done[host] = max(ended, self._done.get(host, 0.0))
-        except Exception as exc:  # the next renewal tries again; meanwhile turns are taken
-            if not self._closed:
-                logger.warning("Could not renew this process's share of the host rate: %s", exc)
+                    self._announced.clear()
+                    for host, (ended, delay) in ends.items():
+                        if ended > self._ended.get(host, (0.0, 0.0))[0]:
+                            self._ended[host] = (ended, delay)
+        except Exception as exc:
+            if self._closed:
+                return
+            if not self._renewed and isinstance(exc, sqlite3.Error):
+                self._unusable(exc)
+                return
+            # The next renewal tries again; meanwhile turns are taken.
+            logger.warning("Could not renew this process's share of the host rate: %s", exc)
+
+    def _solo_use(self) -> dict[str, tuple[float, float]]:
+        """The hosts this process used solo since it last told the file:
+        its downloads ended since, and (as of now) those in flight."""
+        used, self._unsent = self._unsent, {}
+        now = time.time()
+        for host, delay in self._solo_flight.values():
+            used[host] = (now, delay)
+        return used
+
+    def _unusable(self, exc: Exception) -> None:
+        """The turns' file cannot be used: no request may go without them."""
+        logger.error("The per-host rate's file %s cannot be used (%s). Closing the crawl (%s).",
+                     getattr(self.turns, "path", self.turns.uri), exc, STORE_UNSUITABLE)
+        self.stats.set_value("vertical/store/unavailable", "hostrate")
+        engine = self.crawler.engine
+        if engine is not None and engine.spider is not None:
+            deferred_from_coro(engine.close_spider_async(reason=STORE_UNSUITABLE)).addErrback(
+                lambda f: logger.error("Closing the crawl failed: %s", f.getErrorMessage()))
 
     # -- this process's requests to a host --------------------------------------
 
@@ -993,7 +1083,7 @@ class HostRateMiddleware:
             self._membership.stop()
         ends = [self._thread.call(self.turns.end, site, turn.host, turn.token) for turn in self._held.values()]
         if isinstance(self.turns, SQLiteHostTurns):
-            ends.append(self._thread.call(self.turns.leave, site, self._member()))
+            ends.append(self._thread.call(self.turns.leave, site, self._member(), self._solo_use()))
         self._held.clear()
         self._closed = True
         try:

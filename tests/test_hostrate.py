@@ -26,7 +26,7 @@ import yaml
 from scrapy import signals
 
 from middlewares.hostrate import BUSY_POLL, MEMBER_RENEW, STATE_MARGIN, TOKEN_SEP, RedisHostTurns, SQLiteHostTurns
-from tests.crawling import kill, site_file, wait_for
+from tests.crawling import crawl, kill, site_file, wait_for
 from tests.redis_server import RedisServer
 from tests.test_redis_crawl import AGENTS, CLOCK, finish, min_gap_per_host, page_requests_of, start_all
 from vertical import settings as project_settings
@@ -35,6 +35,7 @@ from vertical.demo.site import BulkSite, DemoResponse, DemoSite
 from vertical.frontier import open_frontier
 from vertical.frontier.redis import RedisFrontier
 from vertical.frontier.sqlite import SQLiteFrontier
+from vertical.scheduler import STORE_UNSUITABLE
 
 # The Redis cases skip themselves (the redis_server fixture) where redis-server is missing.
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
@@ -339,6 +340,30 @@ def test_a_process_alone_on_a_sqlite_store_goes_solo_and_shares_when_another_joi
     store.close()
 
 
+def test_no_process_goes_solo_while_another_has_a_turn_in_flight(tmp_path):
+    # B's membership ran out (its reactor stalled) with its turn at "h" in
+    # flight: A is the only member, but stays shared until B's turn ends;
+    # once B is known dead, it ends now, and A's slot paces "h" from there
+    # at B's delay.
+    path = tmp_path / "frontier.sqlite3"
+    store, a, b = SQLiteFrontier(path), SQLiteHostTurns(str(path)), SQLiteHostTurns(str(path))
+    for owner in ("A", "B"):
+        store.heartbeat("s", owner, 60, {})
+        (a if owner == "A" else b).renew("s", owner)
+    assert b.take("s", "h", f"B{TOKEN_SEP}1", delay=2.0, concurrency=1, lease=30)[0] == 0
+    with sqlite3.connect(a.path) as db:
+        db.execute("UPDATE members SET until = 0 WHERE owner = 'B'")
+    assert a.renew("s", "A")[0] is False
+    assert a.go_solo("s", "A") is None
+    store.forget_owner("s", "B")
+    found = time.time()
+    ended, delay = a.go_solo("s", "A")["h"]
+    assert ended >= found and delay == 2.0
+    for turns in (a, b):
+        turns.close()
+    store.close()
+
+
 def test_a_host_that_asked_to_wait_grants_no_page_a_turn_before_then(host_turns):
     # A 429 with Retry-After: the turn ends with the wait asked for. Pages of
     # every process are refused, told so (held) and for how long; robots.txt
@@ -493,6 +518,49 @@ def test_a_process_alone_on_a_sqlite_store_shares_its_hosts_with_one_that_joins(
         assert result.stat("vertical/hostrate/granted") + result.stat("vertical/hostrate/solo") == by_agent[agent]
     gaps = min_gap_per_host(every)
     assert gaps and all(gap >= delay - CLOCK for gap in gaps.values()), gaps
+
+
+def bulk_site(tmp_path, server, **politeness) -> Path:
+    site = tmp_path / "bulk.yaml"
+    site.write_text(yaml.safe_dump({
+        "name": "bulk", "start_urls": [u + "/" for u in server.urls],
+        "allowed_domains": [u.split("//")[1].split(":")[0] for u in server.urls], "documents": [],
+        "politeness": politeness}))
+    return site
+
+
+def test_a_process_started_after_a_solo_one_was_killed_keeps_the_delay(tmp_path):
+    """A process alone on a SQLite store (solo: no turns) is SIGKILLed just
+    after sending. The one started in its place finds it dead, and counts
+    each host the dead one wrote beside the store as used until then: its
+    first requests come the delay after the dead one's last, not at once."""
+    delay = 4.0
+    store = f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    with serve(BulkSite(pages=60, hosts=3, links=4), hosts=3) as server:
+        site = bulk_site(tmp_path, server, delay=delay, concurrency=1)
+        first = start_all(site, store, tmp_path, agents=AGENTS[:1])
+        wait_for(lambda: len(page_requests_of(server.requests)) >= 2, timeout=120)
+        kill(first[AGENTS[0]])
+        finish(start_all(site, store, tmp_path, agents=AGENTS[1:2], settings={"CLOSESPIDER_PAGECOUNT": 3}),
+               tmp_path)
+        every = server.requests
+    by_agent = Counter(r["user_agent"] for r in every)
+    assert by_agent[AGENTS[0]] >= 2 and by_agent[AGENTS[1]] >= 1, by_agent
+    gaps = min_gap_per_host(every)
+    assert all(gap >= delay - CLOCK for gap in gaps.values()), gaps
+
+
+def test_a_hostrate_file_that_cannot_be_used_stops_the_crawl(tmp_path):
+    """Without its turns a process could not keep the delay with others:
+    the crawl stops, names the file, and exits with 1."""
+    store = tmp_path / "shared.sqlite3"
+    Path(f"{store}-hostrate").mkdir()  # a directory where the file goes
+    with serve(DemoSite(seed=0, films=10)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0.1, "concurrency": 1})
+        result = crawl(site, store, tmp_path, check=False)
+    assert result.returncode == 1, result.log[-3000:]
+    assert f"The per-host rate's file {store}-hostrate cannot be used" in result.log
+    assert result.stats["finish_reason"] == STORE_UNSUITABLE
 
 
 def test_a_crawl_delay_read_by_each_process_paces_them_all(tmp_path, shared_store):
