@@ -119,6 +119,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import socket
 import sqlite3
 import time
 import uuid
@@ -180,6 +181,17 @@ BUSY_POLL = 0.05
 #: turns, and after which an unrenewed one is gone (:class:`SQLiteHostTurns`).
 MEMBER_RENEW = 1.0
 MEMBER_TTL = 10.0
+
+def _running(pid: int) -> bool:
+    """Is process ``pid`` of this machine running (or stopped)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's: alive
+    return True
+
 
 #: Between the owner id and the number in a turn's token. Tokens of the
 #: frontier's owners are checked against its registry of live processes.
@@ -369,7 +381,7 @@ class RedisHostTurns:
 #: The layout of ``<store>-hostrate`` (its ``user_version``): a file of
 #: another layout holds nothing worth keeping (every turn ends with its
 #: lease) and is laid out anew.
-_SQLITE_LAYOUT = 1
+_SQLITE_LAYOUT = 2
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS hosts (
@@ -393,6 +405,8 @@ CREATE TABLE IF NOT EXISTS members (
     owner TEXT NOT NULL,
     until REAL NOT NULL,
     solo INTEGER NOT NULL,
+    machine TEXT NOT NULL,
+    pid INTEGER NOT NULL,
     PRIMARY KEY (site, owner)
 )
 """
@@ -419,7 +433,11 @@ class SQLiteHostTurns:
     :data:`MEMBER_TTL` or once the store's registry no longer holds it), and
     one that finds no other live member of its site, and no other's turn in
     flight, goes *solo* (:meth:`go_solo`): Scrapy's download slot paces its
-    hosts, counting from the last end there, its own or another's. A solo
+    hosts, counting from the last end there, its own or another's, and with
+    a delay the middleware still lets one request at a time go to a host. A
+    member on this machine is alive while its process exists (one stopped
+    for a while may send what its slots hold when it resumes); the
+    membership's expiry and the registry only rule for others. A solo
     process writes a host's name before its first request there
     (:meth:`announce`), and at each renewal the end of its downloads and the
     hosts it has requests at: a member found dead is taken to have used each
@@ -472,9 +490,11 @@ class SQLiteHostTurns:
                 for statement in _SQLITE_SCHEMA.split(";"):
                     tx.execute(statement)
                 now = time.time()
+                # Not those a member wrote: a solo one writes a host once.
                 stale = tx.execute(
                     "SELECT site, host FROM hosts AS h WHERE max(done + delay, until) + ? < ? AND NOT EXISTS "
-                    "(SELECT 1 FROM flight AS f WHERE f.site = h.site AND f.host = h.host AND f.lease + ? >= ?)",
+                    "(SELECT 1 FROM flight AS f WHERE f.site = h.site AND f.host = h.host AND f.lease + ? >= ?) "
+                    "AND NOT EXISTS (SELECT 1 FROM members AS m WHERE m.site = h.site AND m.owner = h.owner)",
                     (STATE_MARGIN, now, STATE_MARGIN, now)).fetchall()
                 tx.executemany("DELETE FROM flight WHERE site = ? AND host = ?", stale)
                 tx.executemany("DELETE FROM hosts WHERE site = ? AND host = ?", stale)
@@ -540,14 +560,18 @@ class SQLiteHostTurns:
     # -- members: alone or sharing ----------------------------------------------
 
     def _others(self, db: sqlite3.Connection, site: str, owner: str, now: float) -> list[tuple[str, int]]:
-        """The other live members of ``site``: (owner, solo). A member found
-        dead (its membership ran out, or the store's registry no longer
-        holds it) is removed, and each host it last wrote counts as used
-        until now: it may have been sending there, solo, until it died."""
+        """The other live members of ``site``: (owner, solo). One of this
+        machine is alive as long as its process is (a stopped one may send
+        what its download slots hold when it resumes); another, until its
+        membership runs out or the store's registry no longer holds it. A
+        member found dead is removed, and each host it last wrote counts as
+        used until now: it may have been sending there, solo, until it died."""
         alive = []
-        for other, until, solo in db.execute("SELECT owner, until, solo FROM members WHERE site = ? AND owner != ?",
-                                             (site, owner)).fetchall():
-            if until >= now and not self._dead(site, f"{other}{TOKEN_SEP}", now):
+        for other, until, solo, machine, pid in db.execute(
+                "SELECT owner, until, solo, machine, pid FROM members WHERE site = ? AND owner != ?",
+                (site, owner)).fetchall():
+            running = _running(pid) if machine == socket.gethostname() else None
+            if running or (running is None and until >= now and not self._dead(site, f"{other}{TOKEN_SEP}", now)):
                 alive.append((other, solo))
                 continue
             db.execute("UPDATE hosts SET done = max(done, ?) WHERE site = ? AND owner = ?", (now, site, other))
@@ -562,9 +586,9 @@ class SQLiteHostTurns:
         left alone, with until when (a solo process holds its pages itself)."""
         with self._write() as db:
             now = time.time()
-            db.execute("INSERT INTO members (site, owner, until, solo) VALUES (?, ?, ?, 0) "
+            db.execute("INSERT INTO members (site, owner, until, solo, machine, pid) VALUES (?, ?, ?, 0, ?, ?) "
                        "ON CONFLICT (site, owner) DO UPDATE SET until = excluded.until",
-                       (site, owner, now + MEMBER_TTL))
+                       (site, owner, now + MEMBER_TTL, socket.gethostname(), os.getpid()))
             self._used(db, site, owner, used or {}, now)
             others = bool(self._others(db, site, owner, now))
             quiet = dict(db.execute("SELECT host, until FROM hosts WHERE site = ? AND until > ?", (site, now)))
@@ -573,8 +597,8 @@ class SQLiteHostTurns:
     def go_solo(self, site: str, owner: str) -> dict[str, tuple[float, float]] | None:
         """Mark ``owner`` solo if it is still the only live member of
         ``site`` and no turn of another is in flight. Returns None if not,
-        else each host whose delay has not run out since its last download
-        ended (this process's or one just gone): host -> (that end, the
+        else each host whose last download ended (this process's or one
+        just gone) within a margin of its delay: host -> (that end, the
         delay), for its slot to pace from."""
         with self._write() as db:
             now = time.time()
@@ -592,8 +616,11 @@ class SQLiteHostTurns:
                 self._put(db, site, host, max(done, min(lease, now)), delay, quiet)
                 db.execute("DELETE FROM flight WHERE site = ? AND host = ? AND token = ?", (site, host, token))
             db.execute("UPDATE members SET solo = 1 WHERE site = ? AND owner = ?", (site, owner))
+            # By a margin, not the stored delay: that is the last grantee's,
+            # and the caller's own may be longer.
             return {host: (done, delay) for host, done, delay in db.execute(
-                "SELECT host, done, delay FROM hosts WHERE site = ? AND done + delay > ?", (site, now))}
+                "SELECT host, done, delay FROM hosts WHERE site = ? AND done + delay + ? > ?",
+                (site, STATE_MARGIN, now))}
 
     def announce(self, site: str, owner: str, host: str, delay: float) -> None:
         """Solo ``owner`` is about to send its first request to ``host``
@@ -703,7 +730,6 @@ class _Turn:
     host: str
     token: str
     delay: float
-    placed: bool = True  # holds a place among this process's requests to the host (not sent solo)
 
 
 class HostRateMiddleware:
@@ -737,6 +763,7 @@ class HostRateMiddleware:
         self._quiet: dict[str, float] = {}  # host -> until when it asked to be left alone
         self._membership: task.LoopingCall | None = None
         self._renewed = False  # once: the file is usable
+        self._owed: tuple[list[tuple[str, str, float, float]], dict[str, tuple[float, float]]] | None = None
         crawler.signals.connect(self._left_downloader, signal=signals.request_left_downloader)
         crawler.signals.connect(self._opened, signal=signals.spider_opened)
         crawler.signals.connect(self._close, signal=signals.spider_closed)
@@ -759,21 +786,8 @@ class HostRateMiddleware:
         # The slot the downloader will queue this request in (created if new).
         host, slot = download_slot(downloader, request)
         delay = self._delay(downloader, host)
-        if self._solo:
-            if META_RECORD in request.meta and (wait := self._quiet.get(host, 0.0) - time.time()) > 0:
-                raise self._held_back(request, wait)
-            if host not in self._announced:
-                await maybe_deferred_to_future(self._call(self.turns.announce, self._site(), self._member(),
-                                                          host, delay))
-                self._announced.add(host)
-            if self._solo:  # still: alone, Scrapy's slot paces the host from its last download's end
-                set_slot_delay(slot, delay)
-                if (last := self._ended.get(host)) is not None:
-                    ended, its_delay = last  # the larger of two processes' delays holds
-                    touch_slot(slot, monotonic() - (time.time() - ended) + max(0.0, its_delay - delay))
-                self._solo_flight[request] = (host, delay)
-                self.stats.inc_value("vertical/hostrate/solo")
-                return
+        if self._solo and await self._send_solo(request, host, slot, delay):
+            return
         set_slot_delay(slot, 0.0)  # paced here; see the module docstring
         slot_active(slot).add(request)  # the scheduler's "host busy" test
         try:
@@ -781,6 +795,34 @@ class HostRateMiddleware:
         except BaseException:
             slot_active(slot).discard(request)  # not going to the downloader, which would clear it
             raise
+
+    async def _send_solo(self, request: Request, host: str, slot: Any, delay: float) -> bool:
+        """Let ``request`` go without a turn, this process being alone on its
+        SQLite store: Scrapy's slot paces the host from its last download's
+        end, and (as with turns) only one request is in flight there while
+        it has a delay. False if another process joined meanwhile."""
+        if META_RECORD in request.meta and (wait := self._quiet.get(host, 0.0) - time.time()) > 0:
+            raise self._held_back(request, wait)
+        slot_active(slot).add(request)  # the scheduler's "host busy" test
+        try:
+            if host not in self._announced:
+                await maybe_deferred_to_future(self._call(self.turns.announce, self._site(), self._member(),
+                                                          host, delay))
+                self._announced.add(host)
+            await self._enter(host, 1 if delay > 0 else max(slot_concurrency(slot), 1))
+        except BaseException:
+            slot_active(slot).discard(request)
+            raise
+        if not self._solo:
+            self._leave(host)
+            return False
+        set_slot_delay(slot, delay)
+        if (last := self._ended.get(host)) is not None:
+            ended, its_delay = last  # the larger of two processes' delays holds
+            touch_slot(slot, monotonic() - (time.time() - ended) + max(0.0, its_delay - delay))
+        self._solo_flight[request] = (host, delay)
+        self.stats.inc_value("vertical/hostrate/solo")
+        return True
 
     # The download is over: the turn ends as soon as the downloader lets go of
     # the request. The middleware hooks end the turns of requests that never
@@ -870,12 +912,13 @@ class HostRateMiddleware:
         if (sent := self._solo_flight.pop(request, None)) is not None:
             host, delay = sent
             self._ended[host] = self._unsent[host] = (time.time(), delay)
+            self._leave(host)
             return
         turn = self._held.pop(request, None)
         if turn is not None:
             # Should this process go solo, its slot paces from this end.
             self._ended[turn.host] = (time.time(), turn.delay)
-            self._give_back(self._site(), turn, leave=turn.placed)
+            self._give_back(self._site(), turn, leave=True)
 
     def _give_back(self, site: str, turn: _Turn, *, leave: bool) -> None:
         """End ``turn`` on the thread, retrying while Redis is unreachable.
@@ -933,6 +976,9 @@ class HostRateMiddleware:
             others, self._quiet = await maybe_deferred_to_future(
                 self._call(self.turns.renew, site, owner, self._solo_use()))
             self._renewed = True
+            if self._owed is not None:  # a share that failed: the others wait for it
+                await maybe_deferred_to_future(self._call(self.turns.share, site, owner, *self._owed))
+                self._owed = None
             horizon = time.time() - STATE_MARGIN  # ends older than their delay and this matter to nobody
             self._ended = {host: (ended, delay) for host, (ended, delay) in self._ended.items()
                            if ended + delay > horizon}
@@ -945,12 +991,14 @@ class HostRateMiddleware:
                     token = self._token()
                     lease = float(request.meta.get("download_timeout", self.download_timeout)) + LEASE_MARGIN
                     flight.append((host, token, delay, lease))
-                    self._held[request] = _Turn(host, token, delay, placed=False)
+                    self._held[request] = _Turn(host, token, delay)  # its place among this process's stays
                 self._solo_flight.clear()
                 self._unsent = {}  # in the ends shared
                 logger.info("Another crawl process shares the store: this one takes turns at hosts with it")
                 self.stats.inc_value("vertical/hostrate/shared")
-                await maybe_deferred_to_future(self._call(self.turns.share, site, owner, flight, dict(self._ended)))
+                self._owed = (flight, dict(self._ended))
+                await maybe_deferred_to_future(self._call(self.turns.share, site, owner, *self._owed))
+                self._owed = None
             elif not others and not self._solo:
                 ends = await maybe_deferred_to_future(self._call(self.turns.go_solo, site, owner))
                 if ends is not None:

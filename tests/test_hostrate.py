@@ -16,6 +16,7 @@ import random
 import shutil
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -326,13 +327,14 @@ def test_a_process_alone_on_a_sqlite_store_goes_solo_and_shares_when_another_joi
     take_until_granted(b, f"B{TOKEN_SEP}1", delay=delay, concurrency=1, lease=lease)
     assert time.time() >= a_ended + delay
     # B's downloads end and it leaves: A is alone again, and paces each host
-    # from B's last end there. A member whose process the store's registry
-    # no longer holds counts for nothing.
+    # from B's last end there. A member of another machine whose process the
+    # store's registry no longer holds counts for nothing.
     b.end("s", "g", f"B{TOKEN_SEP}2")
     b.end("s", "h", f"B{TOKEN_SEP}1")
     b.leave("s", "B")
     store.heartbeat("s", "C", -1, {})  # its heartbeat ran out
     assert b.renew("s", "C")[0] is True  # C sees A
+    member_of(b, "C", machine="elsewhere")
     assert a.renew("s", "A")[0] is False
     assert set(a.go_solo("s", "A")) == {"g", "h"}  # B's last downloads there ended within the delay
     for turns in (a, b):
@@ -340,19 +342,52 @@ def test_a_process_alone_on_a_sqlite_store_goes_solo_and_shares_when_another_joi
     store.close()
 
 
+def member_of(turns, owner: str, **columns) -> None:
+    """Make ``owner``'s membership look as if another process wrote it."""
+    with sqlite3.connect(turns.path) as db:
+        db.execute(f"UPDATE members SET {', '.join(f'{c} = ?' for c in columns)} WHERE owner = ?",
+                   (*columns.values(), owner))
+
+
+def gone_pid() -> int:
+    """The pid of a process that has ended."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_stopped_process_of_this_machine_stays_a_member(tmp_path):
+    # Its membership ran out (SIGSTOPped, or a long pause): its slots may
+    # still send what they hold when it resumes, so the others do not go
+    # solo beside it while its process exists.
+    path = tmp_path / "frontier.sqlite3"
+    store, a, b = SQLiteFrontier(path), SQLiteHostTurns(str(path)), SQLiteHostTurns(str(path))
+    stopped = subprocess.Popen(["sleep", "60"])
+    try:
+        b.renew("s", "B")
+        member_of(b, "B", pid=stopped.pid, until=0)
+        assert a.renew("s", "A")[0] is True and a.go_solo("s", "A") is None
+    finally:
+        stopped.kill()
+        stopped.wait()
+    assert a.renew("s", "A")[0] is False and a.go_solo("s", "A") == {}
+    for turns in (a, b):
+        turns.close()
+    store.close()
+
+
 def test_no_process_goes_solo_while_another_has_a_turn_in_flight(tmp_path):
-    # B's membership ran out (its reactor stalled) with its turn at "h" in
-    # flight: A is the only member, but stays shared until B's turn ends;
-    # once B is known dead, it ends now, and A's slot paces "h" from there
-    # at B's delay.
+    # B's process is gone with its turn at "h" in flight, and the store's
+    # registry still holds it (not reaped yet): A is the only member, but
+    # stays shared until B's turn ends; once B is known dead, it ends now,
+    # and A's slot paces "h" from there at B's delay.
     path = tmp_path / "frontier.sqlite3"
     store, a, b = SQLiteFrontier(path), SQLiteHostTurns(str(path)), SQLiteHostTurns(str(path))
     for owner in ("A", "B"):
         store.heartbeat("s", owner, 60, {})
         (a if owner == "A" else b).renew("s", owner)
     assert b.take("s", "h", f"B{TOKEN_SEP}1", delay=2.0, concurrency=1, lease=30)[0] == 0
-    with sqlite3.connect(a.path) as db:
-        db.execute("UPDATE members SET until = 0 WHERE owner = 'B'")
+    member_of(b, "B", pid=gone_pid())
     assert a.renew("s", "A")[0] is False
     assert a.go_solo("s", "A") is None
     store.forget_owner("s", "B")
@@ -548,6 +583,20 @@ def test_a_process_started_after_a_solo_one_was_killed_keeps_the_delay(tmp_path)
     assert by_agent[AGENTS[0]] >= 2 and by_agent[AGENTS[1]] >= 1, by_agent
     gaps = min_gap_per_host(every)
     assert all(gap >= delay - CLOCK for gap in gaps.values()), gaps
+
+
+def test_a_process_alone_has_one_request_in_flight_at_a_host_with_a_delay(tmp_path):
+    """Solo, as with turns: with a delay, a concurrency of 2 does not put two
+    requests in flight at a host (each would arrive a delay after the
+    other's sending, before its end). The server takes 0.4 s over each."""
+    delay, slow = 0.2, 0.4
+    with serve(DemoSite(seed=0, films=8), slow_host=0, slow_seconds=slow) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": delay, "concurrency": 2})
+        result = crawl(site, tmp_path / "alone.sqlite3", tmp_path)
+        every = demo.requests
+    assert result.stat("vertical/hostrate/solo") >= len(every) - 3  # all but those before its first renewal
+    t = arrivals(every)
+    assert len(t) > 10 and min(b - a for a, b in zip(t, t[1:])) >= slow + delay - CLOCK
 
 
 def test_a_hostrate_file_that_cannot_be_used_stops_the_crawl(tmp_path):
