@@ -421,8 +421,9 @@ class SQLiteHostTurns:
     behind a claim or a write-back holding the store's write lock. A host
     has a row in ``hosts`` (when its last download ended, the delay of its
     last turn, until when it asked to be left alone, and which process wrote
-    the end) and one in ``flight`` per turn in flight (its lease's expiry). The clock is the machine's, as
-    the store's; the registry of crawl processes is read from the store.
+    the end) and one in ``flight`` per turn in flight (its lease's expiry).
+    The clock is the machine's, as the store's; the registry of crawl
+    processes is read from the store.
     Nothing in the file outlives a power loss that matters: every turn ends
     with its lease, so its writes are not synced.
 
@@ -450,7 +451,8 @@ class SQLiteHostTurns:
     """
 
     #: A file locked by another process is waited for by SQLite's own busy
-    #: handler (``timeout``); any other error of the file is not retried.
+    #: handler (``timeout``); any other error of the file is not retried
+    #: (so no ``unavailable`` to describe one).
     retry_errors: tuple[type[Exception], ...] = ()
     retry_delays = (0.0, 0.0)
     patience = 0.0
@@ -462,9 +464,6 @@ class SQLiteHostTurns:
         self.timeout = timeout
         self._db: sqlite3.Connection | None = None
         self._registry: sqlite3.Connection | None = None
-
-    def unavailable(self, exc: Exception) -> str:
-        return "unusable"
 
     def open(self) -> Self:
         """Ready on the thread that makes the calls: the file is opened by
