@@ -848,10 +848,14 @@ class HostRateMiddleware:
         """A new turn's token. With the frontier owner id of this crawl
         process in it, the turn ends as soon as the process is known dead
         (not only when its lease runs out)."""
-        owner = getattr(self.crawler.engine.scheduler, "owner", None)  # type: ignore[union-attr]
-        if isinstance(owner, str):
+        if (owner := self._frontier_owner()) is not None:
             return f"{owner}{TOKEN_SEP}{next(self._tokens)}"
         return f"{self._owner}:{next(self._tokens)}"
+
+    def _frontier_owner(self) -> str | None:
+        """This crawl process's owner id in the frontier's registry."""
+        owner = getattr(self.crawler.engine.scheduler, "owner", None)  # type: ignore[union-attr]
+        return owner if isinstance(owner, str) else None
 
     async def _take_turn(self, request: Request, host: str, delay: float, concurrency: int) -> None:
         # Only as many of this process's requests ask Redis as could hold a
@@ -963,8 +967,7 @@ class HostRateMiddleware:
                 lambda f: logger.error("Renewing this process's share of the host rate failed", exc_info=f.value))
 
     def _member(self) -> str:
-        owner = getattr(self.crawler.engine.scheduler, "owner", None)  # type: ignore[union-attr]
-        return owner if isinstance(owner, str) else self._owner
+        return self._frontier_owner() or self._owner
 
     async def _renew(self) -> None:
         """Renew this process's membership; go solo when it is alone, share
