@@ -195,6 +195,29 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
     assert "of a budget of 43,200 a day" in text
 
 
+def test_a_continuous_crawls_retries_are_paid_from_its_pace(tmp_path):
+    """Every film fails its first request: each is two fetches at the
+    server, and the pace pays for both. Whatever the crawl's window, the
+    server answers at most one pace's worth of it, and what the crawl owes
+    at the end: the retries of the pages under way (concurrency 2). Before,
+    the retries came on top: 29 requests in a window of 11 s whose pace
+    allowed 23."""
+    per_day = 86400.0
+    with serve(FirstRequestFails(DemoSite(seed=0, films=300))) as server:
+        site = site_file(tmp_path, server.url, politeness={"delay": 0.0, "concurrency": 2},
+                         refetch={"budget": f"{per_day:g}/d"})
+        pages = lambda: [r for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
+        returncode, window = run_continuous(site, tmp_path / "f.sqlite3", tmp_path,
+                                            lambda: len(pages()) >= pace_burst(per_day) + 3, 10,
+                                            settings={"VERTICAL_TIME_OFFSET": DAY})
+        assert returncode == 0
+        fetched = len(pages())
+        retried = len(pages()) - len({r["path"] for r in pages()})
+    print(f"{fetched} requests ({retried} retries) in {window:.1f}s; bound {pace_bound(per_day, window):.1f} + 2")
+    assert retried > 0
+    assert fetched <= pace_bound(per_day, window) + 2
+
+
 def test_continuous_crawl_processes_share_one_pace_however_they_start(tmp_path):
     """Three continuous processes of one site started together, one of them
     killed and started again twice: counted at the server, the pages they
@@ -342,6 +365,26 @@ def test_a_run_draws_a_hundredth_of_a_day_at_a_time():
     assert run.spent and not run.wants(DAY) and not run.exhausted  # 20 still held
     run.held = 0.0
     assert run.exhausted
+
+
+def test_fetches_made_without_an_allowance_are_owed_and_paid_first():
+    """A retry goes out whether or not the run holds a fetch: what it owes
+    is taken from the allowance whatever is left, below zero if need be,
+    and what accrues pays for it before any new fetch (the pace too)."""
+    state = draw(None, 24, now=0.0, per_day=24.0)  # the day's allowance, taken
+    state = draw(state, 0, now=0.0, per_day=24.0, owed=3)  # three retries of its last pages
+    assert state["tokens"] == -3.0 and state["drawn"] == 0.0
+    # Four hours accrue four fetches: three pay the retries, one is left.
+    assert draw(state, 10, now=4 * 3600.0, per_day=24.0)["drawn"] == 1.0
+    paced = draw(None, 0, now=0.0, per_day=86400.0, paced=True, owed=2)
+    assert paced["pace"] == pace_burst(86400.0) - 2 and paced["tokens"] == 86400.0 - 2
+    run = RunAllowance(24.0, batch=256)
+    run.drawn({"tokens": 0.0, "at": 0.0, "drawn": 0.0}, 0.0)  # the allowance is spent
+    assert run.exhausted and not run.wants(0.0)
+    run.charge()  # a retry of a page under way
+    assert run.owed == 1 and run.wants(0.0)  # paid at once, spent or not
+    run.drawn({"tokens": -1.0, "at": 0.0, "drawn": 0.0}, 0.0, owed=1, want=0)
+    assert run.held == 0 and run.owed == 0 and run.exhausted
 
 
 def test_a_continuous_crawl_waits_for_the_allowance_to_fill():
@@ -615,6 +658,56 @@ def test_pages_robots_txt_forbids_do_not_spend_the_budget(tmp_path):
     assert all(int(path[5:]) % 2 for path in pages if path != "/")
     assert len(pages) == per_day
     assert result.stat("vertical/budget/unsent") == result.stat("vertical/robots/forbidden") > 0
+
+
+class FirstRequestFails:
+    """``site``, each page of which but the home page fails its first
+    request (a 503 without ``Retry-After``, as a busy backend answers) and
+    is served on the next: Scrapy's retry makes it two fetches at the
+    server."""
+
+    def __init__(self, site) -> None:
+        self.site = site
+        self.failed: set[str] = set()
+
+    def render(self, path, host="", headers=None, step=None):
+        if path not in ("/", "/robots.txt") and path not in self.failed:
+            self.failed.add(path)
+            return DemoResponse(503, {"Content-Type": "text/html"}, b"<h1>Busy</h1>")
+        return self.site.render(path, host, headers, step)
+
+
+def test_retries_are_fetches_of_the_budget(tmp_path):
+    """Counted at the server, every request of a page is a fetch of the
+    budget, its retries too: with each document's first request failing, a
+    budget of 24 a day had 47 requests (23 documents and the home page)
+    and, with a run 6 hours later, 58 of 30. Now a run's requests and what
+    the allowance kept add up to the day's budget (the retries of the last
+    pages go out and leave the allowance below zero: 25 requests), and two
+    runs together to a day and six hours' worth."""
+    per_day = 24
+    with serve(FirstRequestFails(LibrarySite(documents=60))) as server:
+        config = _library(tmp_path, server.url, per_day)
+        store = tmp_path / "f.sqlite3"
+        fetched = lambda: sum(1 for r in server.requests if r["path"] != "/robots.txt")  # noqa: E731
+
+        def tokens() -> float:
+            with open_frontier(f"sqlite:///{store}") as frontier:
+                return frontier.get_meta("library", ALLOWANCE_KEY)["tokens"]
+
+        first = crawl(config, store, tmp_path, tag="0")
+        print(f"first run: {fetched()} requests, {len(first.items)} documents, {tokens()} left")
+        assert first.stat("vertical/budget/extra") == fetched() - first.stat("vertical/scheduler/dequeued") > 0
+        # Each retry is the last fetch of a document; at most its concurrency (4) owed.
+        assert per_day <= fetched() <= per_day + 4
+        assert fetched() + tokens() == pytest.approx(per_day, abs=0.1)  # and what accrued during the run
+        second = crawl(config, store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": 6 * 3600})
+        print(f"both runs: {fetched()} requests, {len(second.items)} documents, {tokens()} left")
+        assert fetched() + tokens() == pytest.approx(per_day + per_day / 4, abs=0.1)
+        assert fetched() <= per_day + per_day / 4 + 4
+        # Nothing lost: every document fetched was emitted, in one run or the other.
+        assert len(first.items) + len(second.items) == sum(
+            1 for r in server.requests if r["path"].startswith("/doc/")) // 2
 
 
 def test_under_a_budget_entry_pages_wait_for_their_schedule(tmp_path):

@@ -6,9 +6,14 @@
   budget's rate up to one day's budget: runs of the non-continuous modes
   (one per cron tick, per Scrapyd job) may be days apart, so a daily run
   may spend a day's budget, and a run after a week idle no more than that.
-  A process holds a little of it at a time (:class:`RunAllowance`). Over
-  any ``t`` seconds the site's processes together make at most a day's
-  budget plus ``per_day * t / 86400`` fetches.
+  A process holds a little of it at a time (:class:`RunAllowance`). Every
+  request of a page counts, its retries and second stage too: one that goes
+  out when the run holds nothing (a page's retry must not wait behind the
+  budget) is owed, and paid at once, the allowance going below zero if need
+  be, so that what accrues pays for it before any new page. Over any ``t``
+  seconds the site's processes together make at most a day's budget plus
+  ``per_day * t / 86400`` fetches, and what they owe: the retries and
+  second stages of the pages under way when the allowance ran out.
 * A continuous crawl also paces itself: a day's allowance would otherwise
   go at politeness speed, and its fetches are spread over the day instead.
   The pace is a second bucket in the same stored state, holding a few
@@ -60,7 +65,9 @@ class RunAllowance:
 
     A run that finds the allowance empty ends once it has spent what it
     holds (:attr:`exhausted`); one that ``waits`` (a continuous crawl)
-    draws again when a fetch has accrued.
+    draws again when a fetch has accrued. A fetch made when the run holds
+    none (:meth:`charge`) is :attr:`owed` until the next draw pays it, which
+    goes at once, spent or not.
 
     A ``paced`` run (a continuous crawl) draws from the pace too, at most
     the pace bucket at a time and only when it holds nothing, and gives back
@@ -101,17 +108,28 @@ class RunAllowance:
         return max(1, min(chunk, math.floor(pace_burst(self.per_day)))) if self.paced else chunk
 
     @property
+    def owed(self) -> float:
+        """Fetches made and not paid from the allowance yet."""
+        return max(0.0, -self.held)
+
+    def charge(self) -> None:
+        """A page's request goes out: paid from what the run holds, or owed."""
+        self.held -= 1
+
+    @property
     def exhausted(self) -> bool:
         """Spent, and nothing held: this run may fetch no more pages."""
         return self.spent and self.held < 1 and not self.waits
 
     def wants(self, now: float) -> bool:
-        """Whether to draw now: the run holds less than half a chunk (paced:
-        nothing)."""
+        """Whether to draw now: the run owes fetches, or holds less than
+        half a chunk (paced: nothing) and the allowance was not found spent."""
         if self.spent and self.waits and now >= self.retry_at:
             self.spent = False
+        if self.drawing:
+            return False
         least = 1.0 if self.paced else max(1.0, self.chunk / 2)
-        return not (self.drawing or self.spent) and self.held < least
+        return self.held < 0 or (not self.spent and self.held < least)
 
     def stale(self, now: float) -> bool:
         """Whether a paced run has held fetches too long: they go back to the
@@ -119,13 +137,13 @@ class RunAllowance:
         spent together."""
         return self.paced and not self.drawing and self.held >= 1 and now - self.held_at > self.hold
 
-    def drawn(self, state: dict[str, float], now: float) -> float:
-        """Take in the store's answer to a draw made at ``now``; returns the
-        fetches drawn."""
-        self.held += state["drawn"]
+    def drawn(self, state: dict[str, float], now: float, owed: float = 0.0, want: float = 1.0) -> float:
+        """Take in the store's answer to a draw made at ``now`` that paid
+        ``owed`` fetches and asked for ``want``; returns the fetches drawn."""
+        self.held += owed + state["drawn"]
         self.held_at = now
         self.paced_out = False
-        if not state["drawn"]:
+        if want and not state["drawn"]:
             self.spent = True
             tokens = state["tokens"]
             if self.paced and tokens >= 1:
@@ -135,10 +153,13 @@ class RunAllowance:
         return state["drawn"]
 
 
-def draw(stored: Any, want: float, now: float, per_day: float, paced: bool = False) -> dict[str, float]:
-    """The allowance after taking up to ``want`` fetches at ``now`` (a
-    negative ``want`` gives fetches back): what the store should hold, with
-    the whole fetches taken in ``"drawn"``.
+def draw(stored: Any, want: float, now: float, per_day: float, paced: bool = False,
+         owed: float = 0.0) -> dict[str, float]:
+    """The allowance after paying ``owed`` fetches already made and taking
+    up to ``want`` fetches at ``now`` (a negative ``want`` gives fetches
+    back): what the store should hold, with the whole fetches taken in
+    ``"drawn"``. What is owed is taken whatever is left: the allowance (and
+    the pace) may go below zero, and what accrues pays for it first.
 
     ``stored`` is what the store held (None at first: a full day's budget
     and a full pace). Tokens accrue at ``per_day / 86400`` a second since
@@ -167,7 +188,7 @@ def draw(stored: Any, want: float, now: float, per_day: float, paced: bool = Fal
     if now > at:
         accrued = (now - at) * per_day / DAY
         tokens, pace, at = tokens + accrued, pace + accrued, now
-    tokens, pace = min(tokens, cap), min(pace, pace_cap)
+    tokens, pace = min(tokens, cap) - owed, min(pace, pace_cap) - (owed if paced else 0.0)
     room = math.floor(max(tokens, 0.0))
     if paced:
         room = min(room, math.floor(max(pace, 0.0)))

@@ -35,8 +35,10 @@ What the engine can rely on:
   enough to fetch it and commit it. A store that stays silent longer stops
   the handing out, not the downloads already under way.
 * With ``refetch.budget``, every page fetch is drawn from the site's
-  allowance in the store (:mod:`vertical.budget`): a run that finds it
-  empty hands out nothing more and ends (what it claimed is released); a
+  allowance in the store (:mod:`vertical.budget`), retries and second
+  stages too: a run that finds it empty hands out nothing more and ends
+  (what it claimed is released, the retries of its pages under way go out
+  and are paid for); a
   continuous crawl waits for it to fill, and draws from the one pace that
   the site's continuous processes share. When nothing is due and the pace
   has fetches to spare, a continuous crawl claims the records due soonest,
@@ -275,21 +277,28 @@ class FrontierScheduler(BaseScheduler):
         now = self.now()
         if allowance is None or self._closing or self.store_gone:
             return
+        owed = 0.0
         if allowance.stale(now):
             # Held past its pace: back to the allowance (not to the pace).
             want, allowance.held = -allowance.held, 0.0
             self.stats.inc_value("vertical/budget/returned", -want)
         elif allowance.wants(now):
-            want = allowance.chunk
+            # What the run owes is paid even when the allowance is spent: a
+            # process killed meanwhile must not leave it unpaid.
+            owed = allowance.owed
+            want = 0.0 if allowance.spent else allowance.chunk
         else:
             return
         allowance.drawing = True
-        take = partial(draw, want=want, now=now, per_day=allowance.per_day, paced=allowance.paced)
+        take = partial(draw, want=want, now=now, per_day=allowance.per_day, paced=allowance.paced, owed=owed)
+
+        answered = []
 
         def drawn(state: dict[str, float]) -> None:
+            answered.append(True)
             if want < 0:
                 return
-            self.stats.inc_value("vertical/budget/drawn", allowance.drawn(state, now))
+            self.stats.inc_value("vertical/budget/drawn", allowance.drawn(state, now, owed, want))
             if allowance.paced_out:
                 self.stats.inc_value("vertical/budget/paced")
                 self._wake_later(allowance.retry_at - now)
@@ -301,6 +310,8 @@ class FrontierScheduler(BaseScheduler):
 
         def done(_: Any) -> None:
             allowance.drawing = False
+            if answered and allowance.owed:
+                self._draw()  # a fetch charged while this draw was under way
             self._wake_engine()  # with fetches to make, or to close
 
         d = self._call(self.frontier.update_meta, self.site.name, ALLOWANCE_KEY, take)
@@ -593,9 +604,10 @@ class FrontierScheduler(BaseScheduler):
         if allowance is not None and allowance.drawing:
             await self._drawing  # what it brings is given back too
         if allowance is not None and allowance.held:
-            # What this run drew and did not spend goes back to the site.
-            merges.append((ALLOWANCE_KEY, partial(draw, want=-allowance.held, now=self.now(),
-                                                  per_day=allowance.per_day)))
+            # What this run drew and did not spend goes back to the site;
+            # what it owes (its last pages' retries) is paid.
+            merges.append((ALLOWANCE_KEY, partial(draw, want=-max(allowance.held, 0.0), now=self.now(),
+                                                  per_day=allowance.per_day, owed=allowance.owed)))
 
         def leave() -> None:  # on the store thread, after every write before it
             self.frontier.release(site, self.owner)
@@ -826,7 +838,15 @@ class FrontierScheduler(BaseScheduler):
         self._maintain()
         self._leave_sitemaps()
         if self._direct:
-            return self._direct.popleft()
+            request = self._direct.popleft()
+            if self.allowance is not None and _costs_a_fetch(request):
+                # A page's retry, a redirect to itself, a second stage: the
+                # server counts them as any fetch. They go now, spent or
+                # not, and are paid for (or owed, and paid at once).
+                self.allowance.charge()
+                self.stats.inc_value("vertical/budget/extra")
+                self._draw()
+            return request
         if self.budget_exhausted:
             return None
         if self._must_draw():
@@ -840,18 +860,15 @@ class FrontierScheduler(BaseScheduler):
             if self.now() >= self._next_poll:
                 self._refill()
         if request is not None and self.allowance is not None:
-            self.allowance.held -= 1
+            self.allowance.charge()
             self._draw()  # before the last is spent: no wait between fetches
         return request
 
     def unsent(self, request: Request) -> None:
         """A page request this scheduler handed out is dropped unsent
         (robots.txt forbids it, its host asked to wait, a trap guard refuses
-        it): its fetch goes back to what the run holds from the allowance.
-        Not a redirect or a retry of it, whose page's first request went out."""
-        meta = request.meta
-        if self.allowance is not None and META_RECORD in meta and not (
-                meta.get(META_DIRECT) or meta.get("redirect_times") or meta.get("retry_times")):
+        it): its fetch goes back to what the run holds from the allowance."""
+        if self.allowance is not None and _costs_a_fetch(request):
             self.allowance.held += 1
             self.stats.inc_value("vertical/budget/unsent")
             self._wake_engine()  # a run that had spent what it held may go on
@@ -1585,6 +1602,14 @@ class _FilterOnly:
     def check_many(self, fingerprints: Iterable[int]) -> tuple[set[int], set[int]]:
         new = self.seen.absent(fingerprints)
         return new, set(fingerprints) - new
+
+
+def _costs_a_fetch(request: Request) -> bool:
+    """Whether ``request`` is paid from ``refetch.budget``: a page's (its
+    first request, a retry, a redirect to itself, a second stage), not a
+    sitemap's or a feed's."""
+    meta = request.meta
+    return META_SITEMAP not in meta and (META_RECORD in meta or bool(meta.get(META_DIRECT)))
 
 
 def _finish_reason(failure: Failure) -> tuple[str, str]:
