@@ -701,6 +701,10 @@ def test_retries_are_fetches_of_the_budget(tmp_path):
         # Each retry is the last fetch of a document; at most its concurrency (4) owed.
         assert per_day <= fetched() <= per_day + 4
         assert fetched() + tokens() == pytest.approx(per_day, abs=0.1)  # and what accrued during the run
+        status = subprocess.run(
+            [sys.executable, "-m", "scrapy", "vertical-status", "-s", f"VERTICAL_STORE=sqlite:///{store}"],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout
+        assert f"nothing left in its allowance now, {fetched() - per_day} owed" in status
         second = crawl(config, store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": 6 * 3600})
         print(f"both runs: {fetched()} requests, {len(second.items)} documents, {tokens()} left")
         assert fetched() + tokens() == pytest.approx(per_day + per_day / 4, abs=0.1)

@@ -113,6 +113,9 @@ def test_the_spend_reads_as_numbers_are_written():
     assert ("of a budget of 1,234,567 a day (0%; refetch.budget 2,000,000, capped by politeness); "
             "1,234,556 left in its allowance now") in text
     assert "of a budget of 0.5 a day (0%; refetch.budget); 0.25 left in its allowance now" in text
+    # Retries made once it was spent: owed, not "-4 left".
+    summary["books"]["budget"] = {"per_day": 24.0, "asked": 24.0, "allowance": -4}
+    assert "(0%; refetch.budget); nothing left in its allowance now, 4 owed" in render(summary, NOW)
 
 
 def test_table_names_hosts_traps_and_lease_holders():

@@ -35,7 +35,8 @@ meta (the scheduler does at open, and again when it finds more hosts):
 ``per_day`` (what it spends), ``asked`` (``refetch.budget``, None for auto)
 and ``ceiling`` (what politeness allows on the hosts the site spans);
 and ``allowance`` once a crawl with a ``refetch.budget`` has drawn from it:
-the fetches the site's crawls may still start now (:mod:`vertical.budget`).
+the fetches the site's crawls may still start now (:mod:`vertical.budget`),
+below zero when they owe fetches (retries made once it was spent).
 It has ``sitemaps`` when its crawls have read sitemaps
 (:func:`sitemap_summary`).
 """
@@ -237,8 +238,11 @@ def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
     if budget.get("asked") is not None and budget["asked"] > per_day:
         source = f"refetch.budget {format_fetches(budget['asked'])}, capped by politeness"
     text = f"{text} of a budget of {format_fetches(per_day)} a day ({fetched / per_day:.0%}; {source})"
-    if budget.get("allowance") is not None:
-        text += f"; {format_fetches(budget['allowance'])} left in its allowance now"
+    if (left := budget.get("allowance")) is not None:
+        if left < 0:  # retries of the last pages under way, made when nothing was left
+            text += f"; nothing left in its allowance now, {format_fetches(-left)} owed"
+        else:
+            text += f"; {format_fetches(left)} left in its allowance now"
     return text
 
 
