@@ -110,7 +110,11 @@ class RobotsMiddleware(RobotsTxtMiddleware):
                 # reading fails, and is made again in its time).
                 self.crawler.stats.inc_value("vertical/robots/postponed")
                 raise IgnoreRequest("robots.txt unreachable: host postponed")
-            super().process_request_2(rp, request)
+            try:
+                super().process_request_2(rp, request)
+            except IgnoreRequest:
+                self._scheduler.unsent(request)  # a second stage's fetch goes back to the budget
+                raise
             return
         if until is not None:
             # Not fetched blind: back to the store, due when the host is.

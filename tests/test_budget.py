@@ -17,7 +17,7 @@ import pytest
 
 from tests.crawling import REPO, crawl, crawl_log, kill, site_file, small_site, start_crawl, wait_for
 from vertical.config import ConfigError, parse_site
-from vertical.demo.server import serve
+from vertical.demo.server import HangUp, serve
 from vertical.demo.site import BulkSite, DemoResponse, DemoSite
 from vertical.frontier import open_frontier
 from vertical.budget import ALLOWANCE_KEY, PACE_BURST, RunAllowance, draw, pace_burst
@@ -662,17 +662,20 @@ def test_pages_robots_txt_forbids_do_not_spend_the_budget(tmp_path):
 
 class FirstRequestFails:
     """``site``, each page of which but the home page fails its first
-    request (a 503 without ``Retry-After``, as a busy backend answers) and
-    is served on the next: Scrapy's retry makes it two fetches at the
-    server."""
+    request (a 503 without ``Retry-After``, as a busy backend answers, or
+    with ``hang_up`` the connection closed unanswered) and is served on the
+    next: Scrapy's retry makes it two fetches at the server."""
 
-    def __init__(self, site) -> None:
+    def __init__(self, site, hang_up: bool = False) -> None:
         self.site = site
+        self.hang_up = hang_up
         self.failed: set[str] = set()
 
     def render(self, path, host="", headers=None, step=None):
         if path not in ("/", "/robots.txt") and path not in self.failed:
             self.failed.add(path)
+            if self.hang_up:
+                raise HangUp
             return DemoResponse(503, {"Content-Type": "text/html"}, b"<h1>Busy</h1>")
         return self.site.render(path, host, headers, step)
 
@@ -712,6 +715,65 @@ def test_retries_are_fetches_of_the_budget(tmp_path):
         # Nothing lost: every document fetched was emitted, in one run or the other.
         assert len(first.items) + len(second.items) == sum(
             1 for r in server.requests if r["path"].startswith("/doc/")) // 2
+
+
+def test_requests_to_a_server_that_hangs_up_are_fetches_of_the_budget(tmp_path):
+    """Each document's first request is read and its connection closed
+    unanswered. Twisted's pool sent such a GET again by itself when the
+    connection had served a request before, where Scrapy (and the budget)
+    never saw it: a run with a budget of 24 a day had 41 requests. Scrapy's
+    retry sends it again now, counted: the run's requests and what the
+    allowance kept add up to the day's budget."""
+    per_day = 24
+    with serve(FirstRequestFails(LibrarySite(documents=60), hang_up=True)) as server:
+        store = tmp_path / "f.sqlite3"
+        result = crawl(_library(tmp_path, server.url, per_day), store, tmp_path)
+        fetched = sum(1 for r in server.requests if r["path"] != "/robots.txt")
+        hung_up = sum(1 for r in server.requests if r["status"] is None)
+    with open_frontier(f"sqlite:///{store}") as frontier:
+        tokens = frontier.get_meta("library", ALLOWANCE_KEY)["tokens"]
+    print(f"{fetched} requests ({hung_up} hung up), {len(result.items)} documents, {tokens} left")
+    assert hung_up > 0 and result.stat("vertical/budget/extra") > 0
+    assert fetched + tokens == pytest.approx(per_day, abs=0.1)
+
+
+class TrailersForbidden:
+    """The demo site, whose robots.txt forbids the trailers."""
+
+    def __init__(self, site) -> None:
+        self.site = site
+
+    def render(self, path, host="", headers=None, step=None):
+        if path == "/robots.txt":
+            return DemoResponse(200, {"Content-Type": "text/plain"}, b"User-agent: *\nDisallow: /trailer/\n")
+        return self.site.render(path, host, headers, step)
+
+
+@pytest.mark.parametrize("forbidden", [False, True])
+def test_second_stages_are_fetches_of_the_budget(tmp_path, forbidden):
+    """Films whose trailer is fetched as a second stage: each is two
+    fetches at the server, both paid from the budget. A trailer robots.txt
+    forbids is not fetched, and gives its fetch back (charged and never
+    sent, three of them left a run 21 fetches of its 24)."""
+    from tests.test_composite import film_rule
+
+    per_day = 24
+    site = DemoSite(seed=0)
+    with serve(TrailersForbidden(site) if forbidden else site) as server:
+        config = site_file(tmp_path, server.url, documents=film_rule(), refetch={"budget": f"{per_day}/d"},
+                           politeness={"delay": 0.0, "concurrency": 4})
+        store = tmp_path / "f.sqlite3"
+        result = crawl(config, store, tmp_path)
+        fetched = sum(1 for r in server.requests if r["path"] != "/robots.txt")
+        trailers = sum(1 for r in server.requests if r["path"].startswith("/trailer/"))
+    with open_frontier(f"sqlite:///{store}") as frontier:
+        tokens = frontier.get_meta("demo", ALLOWANCE_KEY)["tokens"]
+    print(f"{fetched} requests ({trailers} trailers), {tokens} left, {result.stat('vertical/budget/unsent')} unsent")
+    assert fetched + tokens == pytest.approx(per_day, abs=0.1)
+    if forbidden:
+        assert trailers == 0 and result.stat("vertical/budget/unsent") > 0
+    else:
+        assert trailers > 0 and result.stat("vertical/budget/extra") >= trailers
 
 
 def test_under_a_budget_entry_pages_wait_for_their_schedule(tmp_path):

@@ -21,7 +21,9 @@ logged), in arrival order: ``t`` (time.time() on arrival), ``t_end`` (once the
 response is written; None while it is in flight), ``host`` (the address the request came to), ``port``,
 ``method``, ``path`` (with query), ``status``, ``bytes`` (body bytes sent),
 ``if_none_match``, ``if_modified_since`` (whether the request carried them),
-``user_agent``, ``referer`` (the header's value, None without it).
+``user_agent``, ``referer`` (the header's value, None without it). A site's
+``render`` that raises :class:`HangUp` has the connection closed without an
+answer (logged with ``status`` None), as a backend that drops it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["DemoServer", "serve"]
+__all__ = ["DemoServer", "HangUp", "serve"]
+
+
+class HangUp(Exception):
+    """Raised by a site's ``render``: the connection is closed unanswered."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -87,6 +93,11 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(self.server.slow_seconds)
         try:
             response = demo.site.render(self.path, host=self.server.netloc, headers=dict(self.headers.items()))
+        except HangUp:
+            entry.update(status=None, bytes=0)
+            demo._log(entry)
+            self.close_connection = True
+            return
         except Exception:  # a bug in the site must not kill the connection silently
             self.log_error("render failed for %s", self.path)
             traceback.print_exc()
