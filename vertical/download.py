@@ -20,7 +20,10 @@ keep-alive timed out as the request went): a request the server saw that
 Scrapy never did, so ``refetch.budget`` never charged it (a server dropping
 half the requests had 36 from a run with a budget of 24). It is off: such a
 failure reaches Scrapy's ``RetryMiddleware`` (``ResponseNeverReceived``),
-whose retry is a request like any other, counted and charged.
+whose retry is a request like any other, counted and charged. What the
+automatic retry is for, a keep-alive the server closed as the request went
+out, is rare: a connection the server closed while idle is never handed out
+(the pool takes only connections still quiescent).
 """
 
 from __future__ import annotations
