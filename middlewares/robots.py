@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
-from scrapy.utils.sitemap import sitemap_urls_from_robots
 from twisted.internet.defer import Deferred
 
 from vertical.commit import FrontierCommit
@@ -54,7 +53,7 @@ from vertical.compat import (existing_slot, overrides, robots_parsers, robots_us
 from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
 from vertical.scheduler import META_RECORD
-from vertical.sitemaps import META_SITEMAP
+from vertical.sitemaps import META_SITEMAP, robots_sitemaps
 from vertical.urls import host_of
 
 #: How much of a robots.txt is read (RFC 9309 2.5: a parsing limit of at least 500 KiB).
@@ -156,7 +155,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         if rp is not None:
             self._apply_crawl_delay(rp, request)
         if status == 200 and (found := getattr(self.crawler.spider, "sitemaps_found", None)):
-            found(sitemap_urls_from_robots(response.body, base_url=response.url))
+            found(robots_sitemaps(response.body, base_url=response.url))
         if netloc in self._refreshing and netloc not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.
             self._refreshing.discard(netloc)

@@ -364,11 +364,19 @@ class VerticalSpider(Spider):
         strip = self.site.traps.strip_params
         pages = []
         for page, lastmod in entries:
+            # Canonical first: the host the crawl would fetch is the one
+            # checked (a backslash in a <loc> moves it).
+            try:
+                page = canonicalize(page, strip)
+            except ValueError:
+                continue
             if sitemap_wanted(self.site, page, page=True):
-                try:
-                    pages.append((canonicalize(page, strip), lastmod))
-                except ValueError:
-                    continue
+                pages.append((page, lastmod))
+        if any(lastmod is not None and lastmod > scheduler.now() for _, lastmod in pages):
+            # A lastmod not reached yet (the site's clock ahead) says nothing
+            # now, and would never be read again behind a 304: no validators.
+            stats.inc_value("vertical/sitemap/lastmod_ahead")
+            validators = {}
         scheduler.sitemap_read(url, began, validators, after=scheduler.sitemap_entries(pages))
 
     def _index_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None) -> Deferred[list[Request]]:

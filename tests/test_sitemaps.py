@@ -811,3 +811,70 @@ def test_a_sitemap_that_answers_304_to_a_request_that_asked_nothing_is_unreadabl
         site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"])
         result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
     assert result.stat("vertical/sitemap/unreadable") == 1 and not result.stat("vertical/sitemap/not_modified")
+
+
+def test_a_robots_txt_sitemap_line_that_is_no_url_is_skipped(tmp_path):
+    """``Sitemap: http://[bad/`` in robots.txt: the other sitemaps are read
+    and the site is crawled. The line ended Scrapy's reading of the
+    sitemaps with an error that took the host's robots.txt with it: the
+    server saw robots.txt alone, run after run."""
+    pages = {"/robots.txt": (200, b"User-agent: *\nSitemap: /good.xml\nSitemap: http://[bad/\n"),
+             "/": (200, html("/news/a")), "/news/a": (200, html()), "/news/b": (200, html()),
+             "/good.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                b"<url><loc>/news/b</loc></url></urlset>")}
+    with serving(SmallSite(pages)) as server:
+        result = crawl(small_site(tmp_path, "news", server.url), tmp_path / "f.sqlite3", tmp_path)
+        log = sorted(server.log)
+    assert log == ["/", "/good.xml", "/news/a", "/news/b", "/robots.txt"], log
+    assert "Traceback" not in result.log
+
+
+def test_a_sitemap_entry_is_checked_on_the_host_it_would_be_fetched_from(tmp_path):
+    """``<loc>http://localhost:PORT\\@127.0.0.1:PORT/x</loc>``: read as a URL
+    its host is 127.0.0.1, one of the site's; canonical (a backslash is a
+    slash, as browsers read it) it is localhost, which is not. It was
+    stored and fetched there, without that host's robots.txt."""
+    with serving(SmallSite({"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html())})) as server:
+        port = server.url.rsplit(":", 1)[1]
+        server.pages["/s.xml"] = (200, (
+            '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+            f"<url><loc>http://localhost:{port}\\@127.0.0.1:{port}/x</loc></url></urlset>").encode())
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
+                          allowed_domains=["127.0.0.1"])
+        store = tmp_path / "f.sqlite3"
+        crawl(site, store, tmp_path)
+        log = list(server.log)
+    assert not any("@" in path for path in log), log
+    with open_frontier(f"sqlite:///{store}") as frontier:
+        urls = [r.url for r in frontier.iter_records("news")]
+    assert all(urlsplit(url).hostname == "127.0.0.1" for url in urls), urls
+
+
+def test_a_lastmod_ahead_of_the_clock_is_read_again_once_reached(tmp_path):
+    """A page's lastmod is a day and a half on when a run reads the sitemap
+    (the site's clock ahead): it says nothing then. The run after it, once
+    that time has come, reads the sitemap whole (not a 304 on its ETag,
+    behind which the lastmod was never read again and the change was
+    missed for good) and fetches the page."""
+    def urlset(stamp: float) -> bytes:
+        lastmod = datetime.fromtimestamp(stamp, UTC).isoformat()
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                f"<url><loc>/news/a</loc><lastmod>{lastmod}</lastmod></url></urlset>").encode()
+
+    now = time.time()
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/news/a": (200, html()),
+             "/s.xml": (200, urlset(now - 10 * DAY))}
+    with serving(SmallSite(pages, etags=True)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
+                          refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"})
+        store = tmp_path / "f.sqlite3"
+        runs = []
+        for run, offset in enumerate((0.0, DAY, 1.75 * DAY)):
+            if run == 1:
+                pages["/s.xml"] = (200, urlset(now + 1.5 * DAY))
+            server.log.clear()
+            result = crawl(site, store, tmp_path, tag=str(run),
+                           settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": offset})
+            runs.append((sorted(server.log), server.statuses["/s.xml"], result.stat("vertical/sitemap/lastmod_ahead")))
+    assert "/news/a" not in runs[1][0] and runs[1][1:] == (200, 1), runs
+    assert "/news/a" in runs[2][0] and runs[2][1] == 200, runs

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["META_SITEMAP", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted",
            "lastmod_time", "read_feed", "read_sitemap", "reading_done", "reading_key", "reading_lease", "readings",
-           "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
+           "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
@@ -136,6 +136,23 @@ def read_sitemap(body: bytes, base_url: str,
     entries = ((url, _date(e.get("lastmod")))
                for e in sitemap if e.get("loc") and (url := _absolute(base_url, e["loc"])))
     return sitemap.type, list(islice(entries, limit + 1))
+
+
+def robots_sitemaps(body: bytes, base_url: str) -> list[str]:
+    """The ``Sitemap:`` lines of a robots.txt, made absolute: Scrapy's
+    ``sitemap_urls_from_robots``, but a line that is no URL (``http://[x``)
+    is skipped rather than ending the reading with an error, which took the
+    robots.txt's rules, and so the whole site, with it."""
+    urls = []
+    for line in body.splitlines():
+        if line.lstrip()[:8].lower() == b"sitemap:":
+            try:
+                url = line.partition(b":")[2].strip().decode()
+            except UnicodeDecodeError:
+                continue
+            if (url := _absolute(base_url, url)) is not None:
+                urls.append(url)
+    return urls
 
 
 def _absolute(base_url: str, url: str) -> str | None:
