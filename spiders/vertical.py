@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import zlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -64,6 +64,9 @@ META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
 META_ERRBACK = "vertical.errback"  # a start request's own errback
 #: ``URLRecord.extra`` key of the feeds an entry page announced at its last 200.
 FEEDS_KEY = "feeds"
+#: The most feeds of one entry page read, the first in its head (a blog
+#: announces two or three; a news site one per section).
+FEEDS_PER_PAGE = 20
 
 
 @dataclass(slots=True, eq=False)
@@ -161,7 +164,8 @@ class VerticalSpider(Spider):
         self._referer: RefererMiddleware | None = None
         self._field_errors: set[tuple[str, str]] = set()  # (document, field) that failed on a page, logged once
         self._sitemaps: dict[str, float] = {}  # sitemap URL -> when last asked for or read (the crawl clock)
-        self._sitemap_roots: set[str] = set()  # named by the config, robots.txt or an entry page
+        self._sitemap_roots: set[str] = set()  # named by the config or robots.txt
+        self._feeds: dict[str, list[str]] = {}  # entry page URL -> the feeds it announces now
         self._sitemap_loop: task.LoopingCall | None = None
         self.sitemap_ttl = 0.0  # VERTICAL_SITEMAP_TTL and friends, set in from_crawler
         self.sitemap_depth = 0
@@ -238,16 +242,24 @@ class VerticalSpider(Spider):
         """The sitemaps named by the config, robots.txt or an entry page whose
         time has come; an index read again brings its sitemaps along."""
         now = self._scheduler.now()
-        due = [url for url in sorted(self._sitemap_roots) if now - self._sitemaps.get(url, now) >= self.sitemap_ttl]
+        roots = self._sitemap_roots.union(*self._feeds.values())
+        due = [url for url in sorted(roots) if now - self._sitemaps.get(url, now) >= self.sitemap_ttl]
         self._crawl_sitemaps(self._sitemap_reads(due, 0, self.sitemap_ttl))
 
     def sitemaps_found(self, urls: Iterable[str]) -> None:
-        """Sitemaps named elsewhere (robots.txt, read again every
-        ``VERTICAL_ROBOTS_TTL``; the feeds an entry page links, at each of
-        its fetches): fetched now, unless read lately."""
+        """Sitemaps robots.txt names (read again every
+        ``VERTICAL_ROBOTS_TTL``): fetched now, unless read lately."""
         wanted = self._sitemap_urls(urls)
         self._sitemap_roots.update(wanted)
         self._crawl_sitemaps(self._sitemap_reads(wanted, 0))
+
+    def feeds_announced(self, page: str, feeds: Sequence[str]) -> None:
+        """The feeds entry page ``page`` announces at this fetch (canonical):
+        fetched now, unless read lately, and read again in their time while
+        it announces them. Those it no longer announces are not (a feed URL
+        that changed at every fetch, ``?v=N``, was read again for good)."""
+        self._feeds[page] = list(feeds)
+        self._crawl_sitemaps(self._sitemap_reads(feeds, 0))
 
     def _sitemap_urls(self, urls: Iterable[str]) -> list[str]:
         """Those of sitemap or feed ``urls`` on the crawl's hosts, canonical
@@ -438,7 +450,7 @@ class VerticalSpider(Spider):
                 return
             if record.level == 0 and self.feed_discovery:
                 # The feeds it announced at its last 200: a 304 names none.
-                self.sitemaps_found(record.extra.get(FEEDS_KEY, ()))
+                self.feeds_announced(record.url, record.extra.get(FEEDS_KEY, ()))
             yield from self._finish(record, PageOutcome(response, not_modified=True))
             return
         if response.status in GONE_STATUSES:
@@ -466,11 +478,15 @@ class VerticalSpider(Spider):
         # would lose them.
         self.crawler.engine.scheduler.discover(links, record)  # type: ignore[union-attr]
         if record.level == 0 and self.feed_discovery:
-            if feeds := self._sitemap_urls(feed_links(response)):
+            if len(feeds := self._sitemap_urls(feed_links(response))) > FEEDS_PER_PAGE:
+                # Feeds go before pages: thousands announced held the pages back.
+                self.crawler.stats.inc_value("vertical/sitemap/feeds_cut", len(feeds) - FEEDS_PER_PAGE)
+                del feeds[FEEDS_PER_PAGE:]
+            if feeds:
                 record.extra[FEEDS_KEY] = feeds
             else:
                 record.extra.pop(FEEDS_KEY, None)
-            self.sitemaps_found(feeds)
+            self.feeds_announced(record.url, feeds)
         if rule is None:
             # A hub or listing page: it "changes" when its links change, so that
             # pages announcing new documents are refetched more often.

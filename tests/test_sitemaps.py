@@ -878,3 +878,51 @@ def test_a_lastmod_ahead_of_the_clock_is_read_again_once_reached(tmp_path):
             runs.append((sorted(server.log), server.statuses["/s.xml"], result.stat("vertical/sitemap/lastmod_ahead")))
     assert "/news/a" not in runs[1][0] and runs[1][1:] == (200, 1), runs
     assert "/news/a" in runs[2][0] and runs[2][1] == 200, runs
+
+
+class _Announcing(dict):
+    """Pages whose home announces ``/feed.xml?v=N`` (N one more at each of
+    its fetches), and up to ``FEEDS_PER_PAGE`` + 5 section feeds."""
+
+    def __init__(self, pages: dict[str, tuple[int, bytes]], sections: int = 0) -> None:
+        super().__init__(pages)
+        self.fetches = 0
+        self.sections = sections
+
+    def get(self, path, default=None):
+        if path == "/":
+            self.fetches += 1
+            heads = [f'<link rel="alternate" type="application/rss+xml" href="/feed.xml?v={self.fetches}">']
+            heads += [f'<link rel="alternate" type="application/rss+xml" href="/s/{i}.xml">'
+                      for i in range(self.sections)]
+            return 200, f"<html><head>{''.join(heads)}</head><body>home</body></html>".encode()
+        if path.startswith(("/feed.xml?v=", "/s/")):
+            return 200, b'<?xml version="1.0"?>\n<rss version="2.0"><channel></channel></rss>'
+        return super().get(path, default)
+
+
+def test_a_feed_an_entry_page_no_longer_announces_is_not_read_again(tmp_path):
+    """A home page announcing a cache-busting feed URL (``?v=N``) at each of
+    its fetches, every 2 s, in a continuous crawl that reads its sitemaps
+    again every 6 s: each announced URL is read once, while it is announced
+    (those the page no longer announced were read again every 6 s for good).
+    Of the 26 feeds it announces, the first 20 are read."""
+    from spiders.vertical import FEEDS_PER_PAGE
+
+    pages = _Announcing({"/robots.txt": (200, b"User-agent: *\n")}, sections=FEEDS_PER_PAGE + 5)
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "blog", server.url, politeness={"delay": 0, "concurrency": 2},
+                          refetch={"schedule": "adaptive", "initial": "2s", "min": "2s", "max": "2s"})
+        proc = start_crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"mode": "continuous"},
+                           settings={"VERTICAL_SITEMAP_TTL": 6})
+        try:
+            wait_for(lambda: pages.fetches >= 8, timeout=120)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        log = list(server.log)
+    reads = {path: log.count(path) for path in log if path.startswith("/feed.xml")}
+    last = f"/feed.xml?v={pages.fetches}"
+    # The one announced last may be read again if the home page waited its turn past the TTL.
+    assert len(reads) >= 6 and all(n == 1 for path, n in reads.items() if path != last), reads
+    assert {p for p in log if p.startswith("/s/")} == {f"/s/{i}.xml" for i in range(FEEDS_PER_PAGE - 1)}
