@@ -719,11 +719,11 @@ def test_retries_are_fetches_of_the_budget(tmp_path):
 
 def test_requests_to_a_server_that_hangs_up_are_fetches_of_the_budget(tmp_path):
     """Each document's first request is read and its connection closed
-    unanswered. Twisted's pool sent such a GET again by itself when the
-    connection had served a request before, where Scrapy (and the budget)
-    never saw it: a run with a budget of 24 a day had 41 requests. Scrapy's
-    retry sends it again now, counted: the run's requests and what the
-    allowance kept add up to the day's budget."""
+    unanswered. Twisted's pool sends such a GET again by itself when the
+    connection had served a request before, where Scrapy never sees it:
+    a run with a budget of 24 a day had 41 requests. The pool reports its
+    resends now, and they are charged as Scrapy's retries are: the run's
+    requests and what the allowance kept add up to the day's budget."""
     per_day = 24
     with serve(FirstRequestFails(LibrarySite(documents=60), hang_up=True)) as server:
         store = tmp_path / "f.sqlite3"
@@ -732,7 +732,8 @@ def test_requests_to_a_server_that_hangs_up_are_fetches_of_the_budget(tmp_path):
         hung_up = sum(1 for r in server.requests if r["status"] is None)
     with open_frontier(f"sqlite:///{store}") as frontier:
         tokens = frontier.get_meta("library", ALLOWANCE_KEY)["tokens"]
-    print(f"{fetched} requests ({hung_up} hung up), {len(result.items)} documents, {tokens} left")
+    print(f"{fetched} requests ({hung_up} hung up, {result.stat('vertical/download/resent')} resent by the pool), "
+          f"{len(result.items)} documents, {tokens} left")
     assert hung_up > 0 and result.stat("vertical/budget/extra") > 0
     assert fetched + tokens == pytest.approx(per_day, abs=0.1)
 

@@ -87,6 +87,7 @@ from vertical.policies import make_priority, make_schedule
 from vertical.policies.estimate import changed_after
 from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
+from vertical.signals import request_resent
 from vertical.sitemaps import META_SITEMAP, reading_done, reading_key, take_reading
 from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
 from vertical.urls import canonicalize, fingerprint, host_of
@@ -400,6 +401,7 @@ class FrontierScheduler(BaseScheduler):
         await self.commit.take_outbox()
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
+        self.crawler.signals.connect(self._resent, signal=request_resent)
         self._heartbeat = task.LoopingCall(self._beat)
         # Often enough to renew leases well before they run out.
         self._heartbeat.start(min(self.heartbeat, self.lease / 3), now=False)
@@ -863,6 +865,14 @@ class FrontierScheduler(BaseScheduler):
             self.allowance.charge()
             self._draw()  # before the last is spent: no wait between fetches
         return request
+
+    def _resent(self) -> None:
+        """The connection pool sent a request again by itself: the server
+        may have seen both, so it is paid for as a retry is."""
+        if self.allowance is not None:
+            self.allowance.charge()
+            self.stats.inc_value("vertical/budget/extra")
+            self._draw()
 
     def unsent(self, request: Request) -> None:
         """A page request this scheduler handed out is dropped unsent
