@@ -44,8 +44,8 @@ from vertical.extract import FieldError, Record, as_page, extract_records, follo
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, read_sitemap, sitemap_body,
-                               sitemap_max_size, sitemap_wanted)
+from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut, read_sitemap,
+                               sitemap_body, sitemap_max_size, sitemap_wanted)
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -368,6 +368,12 @@ class VerticalSpider(Spider):
         validators = {name: value.decode("latin-1") for name, value in (
             ("If-None-Match", response.headers.get(b"ETag")),
             ("If-Modified-Since", response.headers.get(b"Last-Modified"))) if value}
+        if body is not None and gzip_cut(response, body):
+            # What it holds is read; the rest must not hide behind a 304.
+            logger.warning("Sitemap %s is a gzip file cut short: it is read as far as it goes, and whole "
+                           "again next time", response.url)
+            stats.inc_value("vertical/sitemap/gzip_cut")
+            validators = {}
         if kind == "sitemapindex":
             children = self._sitemap_urls(child for child, _ in entries)
             scheduler.sitemap_read(url, began, validators, children)

@@ -926,3 +926,23 @@ def test_a_feed_an_entry_page_no_longer_announces_is_not_read_again(tmp_path):
     # The one announced last may be read again if the home page waited its turn past the TTL.
     assert len(reads) >= 6 and all(n == 1 for path, n in reads.items() if path != last), reads
     assert {p for p in log if p.startswith("/s/")} == {f"/s/{i}.xml" for i in range(FEEDS_PER_PAGE - 1)}
+
+
+def test_a_gzip_sitemap_cut_short_is_read_whole_again(tmp_path):
+    """A ``.xml.gz`` served cut short (written while it was served): the
+    pages it holds are read, and the next reading asks for it whole rather
+    than behind its ETag, which kept the rest unread until the file changed."""
+    urlset = ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
+        f"<url><loc>/news/{i}</loc></url>" for i in range(300)) + "</urlset>").encode()
+    whole = gzip.compress(urlset, mtime=0)
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/s.xml.gz": (200, whole[:len(whole) // 2])}
+    with serving(SmallSite(pages, etags=True)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml.gz"],
+                          politeness={"delay": 0, "concurrency": 4})
+        store = tmp_path / "f.sqlite3"
+        first = crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
+        pages["/s.xml.gz"] = (200, whole)
+        second = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_SITEMAP_TTL": 0})
+        status = server.statuses["/s.xml.gz"]
+    assert first.stat("vertical/sitemap/gzip_cut") == 1 and 0 < first.stat("vertical/sitemap/urls") < 300
+    assert status == 200 and second.stat("vertical/sitemap/urls") == 300 and not second.stat("vertical/sitemap/gzip_cut")

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["META_SITEMAP", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted",
+__all__ = ["META_SITEMAP", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted", "gzip_cut",
            "lastmod_time", "read_feed", "read_sitemap", "reading_done", "reading_key", "reading_lease", "readings",
            "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
 
@@ -95,6 +95,18 @@ def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
             or response.body.lstrip()[:5] == b"<?xml":
         return response.body
     return None
+
+
+def gzip_cut(response: Response, body: bytes) -> bool:
+    """Whether the gzip sitemap ``response``, inflated to ``body``, ended
+    before its stream did (a file being written when it was served, a
+    download cut): Scrapy's ``gunzip`` reads what it can without a word. A
+    whole stream ends with the size of what it holds (ISIZE, RFC 1952). A
+    file of several gzip members is taken as cut too (its last member's size
+    is not the whole), which only costs it its validators."""
+    data = response.body
+    return gzip_magic_number(response) and (
+        len(data) < 18 or int.from_bytes(data[-4:], "little") != len(body) & 0xFFFFFFFF)
 
 
 def lastmod_time(value: str | None) -> float | None:
