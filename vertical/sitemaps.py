@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["META_SITEMAP", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted", "gzip_cut",
-           "lastmod_time", "read_feed", "read_sitemap", "reading_done", "reading_key", "reading_lease", "readings",
-           "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
+__all__ = ["META_SITEMAP", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted",
+           "gzip_cut", "lastmod_time", "read_feed", "read_sitemap", "reading_done", "reading_key", "reading_lease",
+           "readings", "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
