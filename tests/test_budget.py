@@ -11,7 +11,10 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -736,6 +739,40 @@ def test_requests_to_a_server_that_hangs_up_are_fetches_of_the_budget(tmp_path):
           f"{len(result.items)} documents, {tokens} left")
     assert hung_up > 0 and result.stat("vertical/budget/extra") > 0
     assert fetched + tokens == pytest.approx(per_day, abs=0.1)
+
+
+def test_an_http_1_0_server_gets_each_request_the_budget_pays_for(tmp_path):
+    """Python's static file server answers in HTTP/1.0 and closes after each
+    answer. Twisted kept those connections, the next request written to one
+    never reached the server, and the pool's resend of it was charged: 80
+    requests of a budget of 100. Such connections are not kept now."""
+    per_day = 100
+    root = tmp_path / "www"
+    (root / "doc").mkdir(parents=True)
+    (root / "index.html").write_text(
+        "<html><body>" + " ".join(f'<a href="/doc/{i}.html">{i}</a>' for i in range(150)) + "</body></html>")
+    for i in range(150):
+        (root / "doc" / f"{i}.html").write_text(f"<html><body><h1>Document {i}</h1></body></html>")
+    requests = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            requests.append(self.path)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = small_site(tmp_path, "library", f"http://127.0.0.1:{server.server_address[1]}",
+                            documents=[{"name": "doc", "match": r"/doc/\d+\.html$", "fields": {"title": "//h1/text()"}}],
+                            refetch={"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
+                            politeness={"delay": 0, "concurrency": 4})
+        result = crawl(config, tmp_path / "f.sqlite3", tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    fetched = sum(1 for path in requests if path != "/robots.txt")
+    assert not result.stat("vertical/download/resent")
+    assert fetched == per_day == len(result.items) + 1  # the documents and the home page
 
 
 class TrailersForbidden:

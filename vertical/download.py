@@ -16,8 +16,9 @@ none of them counted in the budget.
 
 That automatic retry also sends a GET again when a reused connection closes
 before the answer: a server that closes after each answer without saying
-so (an HTTP/1.0 one: Twisted keeps such connections), a keep-alive timed
-out as the request went, a backend that read the request and hung up. The
+so (an HTTP/1.0 one: Twisted keeps such connections, this pool does not),
+a keep-alive timed out as the request went, a backend that read the
+request and hung up. The
 server may have seen the first (with the last, 41 requests from a run with a
 budget of 24, where the crawl counted 24); Scrapy never sees the second.
 Kept, as without it such servers failed pages outright (10 of 300 Python
@@ -65,7 +66,27 @@ class _Pool(HTTPConnectionPool):
         transport = connection.transport
         if transport is None or getattr(transport, "disconnecting", False):
             return  # closing: not reused, and nothing to cache
+        if _closed_after_answer(connection):
+            transport.loseConnection()
+            return
         super()._putConnection(key, connection)
+
+
+def _closed_after_answer(connection: Any) -> bool:
+    """Whether the server closes ``connection`` after the answer it just
+    gave: an HTTP/1.0 one without ``Connection: keep-alive`` (RFC 9112,
+    9.3). Twisted keeps it all the same (it looks for ``Connection: close``
+    alone), and the next request written to it never reaches the server:
+    resent by the pool and charged, it cost a fifth of a budget on such a
+    server."""
+    parser = getattr(connection, "_parser", None)
+    response = getattr(parser, "response", None)
+    if response is None:
+        return False
+    if tuple(response.version[1:]) >= (1, 1):
+        return False
+    values = parser.connHeaders.getRawHeaders(b"Connection", ())
+    return b"keep-alive" not in b",".join(values).lower()
 
 
 class HTTPDownloadHandler(HTTP11DownloadHandler):
