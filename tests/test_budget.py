@@ -741,6 +741,56 @@ def test_requests_to_a_server_that_hangs_up_are_fetches_of_the_budget(tmp_path):
     assert fetched + tokens == pytest.approx(per_day, abs=0.1)
 
 
+class KilledAtAnOwedRequest(FirstRequestFails):
+    """:class:`FirstRequestFails` that SIGKILLs the crawl (``proc``) the
+    moment a page request past ``per_day`` reaches it: one the run made
+    when it held no fetch for it, and owed."""
+
+    def __init__(self, site, per_day: int, hang_up: bool) -> None:
+        super().__init__(site, hang_up=hang_up)
+        self.per_day = per_day
+        self.seen = 0
+        self.proc: subprocess.Popen | None = None
+        self.killed = False
+
+    def render(self, path, host="", headers=None, step=None):
+        if path != "/robots.txt":
+            self.seen += 1
+            if self.seen > self.per_day and self.proc is not None and not self.killed:
+                self.killed = True
+                self.proc.kill()
+        return super().render(path, host, headers, step)
+
+
+@pytest.mark.parametrize("hang_up", [True, False], ids=["resent by the pool", "retried by Scrapy"])
+def test_a_run_killed_as_an_owed_request_arrives_leaves_it_paid(tmp_path, hang_up):
+    """A request the run owed reaches the server and the run is SIGKILLed
+    there: what the server saw and what the allowance kept add up to no
+    more than the day's budget. Such a request (a resend of the pool, a
+    retry of Scrapy's) was charged in memory and written after it went out:
+    killed in between, the site had spent 25 of 24, in two of these three
+    trials, each killed at its first owed request (concurrency 8)."""
+    per_day = 24
+    for trial in range(3):
+        site = KilledAtAnOwedRequest(LibrarySite(documents=100), per_day, hang_up)
+        (tmp_path / str(trial)).mkdir()
+        with serve(site) as server:
+            config = small_site(
+                tmp_path / str(trial), "library", server.url,
+                documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
+                refetch={"initial": "1d", "min": "1h", "max": "30d", "budget": f"{per_day}/d"},
+                politeness={"delay": 0, "concurrency": 8})
+            store = tmp_path / f"{trial}.sqlite3"
+            site.proc = start_crawl(config, store, tmp_path / str(trial))
+            site.proc.wait(timeout=120)
+            time.sleep(0.2)  # what the server still had under way
+            fetched = sum(1 for r in server.requests if r["path"] != "/robots.txt")
+        with open_frontier(f"sqlite:///{store}") as frontier:
+            tokens = frontier.get_meta("library", ALLOWANCE_KEY)["tokens"]
+        print(f"trial {trial}: killed {site.killed}, {fetched} requests, {tokens:.3f} left")
+        assert fetched + tokens <= per_day + 0.1, (trial, fetched, tokens)
+
+
 def test_an_http_1_0_server_gets_each_request_the_budget_pays_for(tmp_path):
     """Python's static file server answers in HTTP/1.0 and closes after each
     answer. Twisted kept those connections, the next request written to one

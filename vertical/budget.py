@@ -9,8 +9,8 @@
   A process holds a little of it at a time (:class:`RunAllowance`). Every
   request of a page counts, its retries and second stage too: one that goes
   out when the run holds nothing (a page's retry must not wait behind the
-  budget) is owed, and paid at once, the allowance going below zero if need
-  be, so that what accrues pays for it before any new page. Over any ``t``
+  budget) is owed, and paid before it goes out, the allowance going below
+  zero if need be, so that what accrues pays for it before any new page. Over any ``t``
   seconds the site's processes together make at most a day's budget plus
   ``per_day * t / 86400`` fetches, and what they owe: the retries and
   second stages of the pages under way when the allowance ran out.
@@ -65,9 +65,9 @@ class RunAllowance:
 
     A run that finds the allowance empty ends once it has spent what it
     holds (:attr:`exhausted`); one that ``waits`` (a continuous crawl)
-    draws again when a fetch has accrued. A fetch made when the run holds
-    none (:meth:`charge`) is :attr:`owed` until the next draw pays it, which
-    goes at once, spent or not.
+    draws again when a fetch has accrued. A fetch charged when the run
+    holds none (:meth:`charge`) is :attr:`owed` until the next draw pays
+    it, which goes at once, spent or not; the scheduler sends it only then.
 
     A ``paced`` run (a continuous crawl) draws from the pace too, at most
     the pace bucket at a time and only when it holds nothing, and gives back

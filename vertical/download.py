@@ -23,9 +23,9 @@ server may have seen the first (with the last, 41 requests from a run with a
 budget of 24, where the crawl counted 24); Scrapy never sees the second.
 Kept, as without it such servers failed pages outright (10 of 300 Python
 docs pages, each on three closing connections in a row), but each resend
-is reported (:data:`vertical.signals.request_resent`): the scheduler
-charges it to ``refetch.budget``, on the safe side when the server had not
-read the first.
+is reported (:data:`vertical.signals.request_resent`) and waits for what
+its receivers return: the scheduler charges it to ``refetch.budget``, and
+writes the charge first when the run holds no fetch for it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
+from twisted.internet.defer import Deferred
 from twisted.web.client import HTTPConnectionPool
 
 from vertical.signals import request_resent
@@ -42,7 +43,7 @@ __all__ = ["HTTPDownloadHandler"]
 
 
 class _Pool(HTTPConnectionPool):
-    def __init__(self, reactor: Any, resent: Callable[[], None]) -> None:
+    def __init__(self, reactor: Any, resent: Callable[[], Deferred[Any]]) -> None:
         super().__init__(reactor, persistent=True)
         self._resent = resent
 
@@ -51,15 +52,12 @@ class _Pool(HTTPConnectionPool):
 
     def _reporting(self, connection: Any) -> Any:
         # A reused connection comes wrapped in Twisted's retrying protocol,
-        # whose _shouldRetry decides each resend (private API: without it,
+        # which calls _newConnection for a resend and for nothing else; the
+        # resend waits for what _resent returns (private API: without it,
         # resends go unreported, as in Scrapy).
-        should_retry = getattr(connection, "_shouldRetry", None)
-        if should_retry is not None:
-            def reported(*args: Any) -> bool:
-                if resend := should_retry(*args):
-                    self._resent()
-                return resend
-            connection._shouldRetry = reported
+        new_connection = getattr(connection, "_newConnection", None)
+        if new_connection is not None:
+            connection._newConnection = lambda: self._resent().addCallback(lambda _: new_connection())
         return connection
 
     def _putConnection(self, key: Any, connection: Any) -> None:
@@ -98,9 +96,9 @@ class HTTPDownloadHandler(HTTP11DownloadHandler):
         super().__init__(crawler)
         from twisted.internet import reactor  # installed by now; as Scrapy's handler imports it
 
-        def resent() -> None:
+        def resent() -> Deferred[Any]:
             crawler.stats.inc_value("vertical/download/resent")
-            crawler.signals.send_catch_log(request_resent)
+            return crawler.signals.send_catch_log_deferred(request_resent)
 
         pool = _Pool(reactor, resent)
         pool.maxPersistentPerHost = self._pool.maxPersistentPerHost

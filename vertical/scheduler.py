@@ -106,6 +106,7 @@ META_LEVEL = "vertical.level"  # link distance of a discovered URL
 META_PARENT = "vertical.parent"  # the URLRecord of the page a link was found on
 META_SEED = "vertical.seed"  # an entry URL
 META_DIRECT = "vertical.direct"  # not a frontier URL: serve first, store nothing
+META_CHARGED = "vertical.charged"  # a direct request charged to the allowance, waiting for it to be written
 META_DUPLICATE = "vertical.duplicate_of"  # set on a response whose content another page has
 
 _POLL = 1.0  # seconds between store polls when nothing was claimable
@@ -210,6 +211,7 @@ class FrontierScheduler(BaseScheduler):
         self._started = time.time()
         self.allowance: RunAllowance | None = None
         self._drawing: Deferred[None] = succeed(None)  # the last draw from the allowance
+        self._unpaid: list[Deferred[None]] = []  # resends waiting for what the run owes to be written
         self.store: StoreThread | None = None
         # Store jobs: at most one of each kind in flight.
         self._links = OneAtATime(self._store_links, partial(self.store_failed, "links"))
@@ -277,6 +279,7 @@ class FrontierScheduler(BaseScheduler):
         allowance = self.allowance
         now = self.now()
         if allowance is None or self._closing or self.store_gone:
+            self._settle_unpaid()  # nothing more will be written: what waits goes
             return
         owed = 0.0
         if allowance.stale(now):
@@ -313,6 +316,8 @@ class FrontierScheduler(BaseScheduler):
             allowance.drawing = False
             if answered and allowance.owed:
                 self._draw()  # a fetch charged while this draw was under way
+            else:
+                self._settle_unpaid()  # paid (or the store failed: they go all the same)
             self._wake_engine()  # with fetches to make, or to close
 
         d = self._call(self.frontier.update_meta, self.site.name, ALLOWANCE_KEY, take)
@@ -840,15 +845,22 @@ class FrontierScheduler(BaseScheduler):
         self._maintain()
         self._leave_sitemaps()
         if self._direct:
-            request = self._direct.popleft()
+            request = self._direct[0]
             if self.allowance is not None and _costs_a_fetch(request):
                 # A page's retry, a redirect to itself, a second stage: the
-                # server counts them as any fetch. They go now, spent or
-                # not, and are paid for (or owed, and paid at once).
-                self.allowance.charge()
-                self.stats.inc_value("vertical/budget/extra")
+                # server counts them as any fetch. They go spent or not, paid
+                # from what the run holds, or owed and the debt written first
+                # (a process killed once it went out must not leave it unpaid).
+                if not request.meta.get(META_CHARGED):
+                    request.meta[META_CHARGED] = True
+                    self.allowance.charge()
+                    self.stats.inc_value("vertical/budget/extra")
+                if self.allowance.owed:
+                    self._draw()  # under way or now: its answer wakes the engine
+                    return None
+                del request.meta[META_CHARGED]  # its retries are charged again
                 self._draw()
-            return request
+            return self._direct.popleft()
         if self.budget_exhausted:
             return None
         if self._must_draw():
@@ -866,13 +878,27 @@ class FrontierScheduler(BaseScheduler):
             self._draw()  # before the last is spent: no wait between fetches
         return request
 
-    def _resent(self) -> None:
-        """The connection pool sent a request again by itself: the server
-        may have seen both, so it is paid for as a retry is."""
-        if self.allowance is not None:
-            self.allowance.charge()
-            self.stats.inc_value("vertical/budget/extra")
-            self._draw()
+    def _resent(self) -> Deferred[None] | None:
+        """The connection pool sends a request again by itself: the server
+        may see both, so it is paid for as a retry is, before it goes out
+        when the run holds nothing (the Deferred returned fires then)."""
+        allowance = self.allowance
+        if allowance is None:
+            return None
+        allowance.charge()
+        self.stats.inc_value("vertical/budget/extra")
+        waits = None
+        if allowance.owed:
+            waits = Deferred()
+            self._unpaid.append(waits)
+        self._draw()
+        return waits
+
+    def _settle_unpaid(self) -> None:
+        """Let the resends waiting for their payment go."""
+        unpaid, self._unpaid = self._unpaid, []
+        for waiting in unpaid:
+            waiting.callback(None)
 
     def unsent(self, request: Request) -> None:
         """A page request this scheduler handed out is dropped unsent

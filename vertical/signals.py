@@ -8,7 +8,8 @@ repositories (WARC, mirror) and monitors listen to it.
 
 ``request_resent()``: sent by the download handler (:mod:`vertical.download`)
 when its connection pool sends a request again by itself, unseen by Scrapy
-(a reused connection closed before the answer). The scheduler charges it to
+(a reused connection closed before the answer); the resend waits for the
+Deferreds its receivers return. The scheduler charges it to
 ``refetch.budget``.
 """
 
