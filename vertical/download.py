@@ -17,15 +17,15 @@ none of them counted in the budget.
 That automatic retry also sends a GET again when a reused connection closes
 before the answer: a server that closes after each answer without saying
 so (an HTTP/1.0 one: Twisted keeps such connections, this pool does not),
-a keep-alive timed out as the request went, a backend that read the
-request and hung up. The
-server may have seen the first (with the last, 41 requests from a run with a
-budget of 24, where the crawl counted 24); Scrapy never sees the second.
-Kept, as without it such servers failed pages outright (10 of 300 Python
-docs pages, each on three closing connections in a row), but each resend
-is reported (:data:`vertical.signals.request_resent`) and waits for what
-its receivers return: the scheduler charges it to ``refetch.budget``, and
-writes the charge first when the run holds no fetch for it.
+a keep-alive timed out as the request went, a backend that read the request
+and hung up. The server may have seen the first (with the last, 41 requests
+from a run with a budget of 24, where the crawl counted 24); Scrapy never
+sees the second. Kept, as without it such servers failed pages outright (10
+of 300 Python docs pages, each on three closing connections in a row), but
+each resend is reported (:data:`vertical.signals.request_resent`) and waits
+for what its receivers return: the scheduler charges it to
+``refetch.budget``, and writes the charge first when the run holds no fetch
+for it.
 """
 
 from __future__ import annotations
