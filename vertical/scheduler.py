@@ -852,8 +852,7 @@ class FrontierScheduler(BaseScheduler):
                 # (a process killed once it went out must not leave it unpaid).
                 if not request.meta.get(META_CHARGED):
                     request.meta[META_CHARGED] = True
-                    self.allowance.charge()
-                    self.stats.inc_value("vertical/budget/extra")
+                    self._charge_extra()
                 if self.allowance.owed:
                     self._draw()  # under way or now: its answer wakes the engine
                     return None
@@ -884,14 +883,19 @@ class FrontierScheduler(BaseScheduler):
         allowance = self.allowance
         if allowance is None:
             return None
-        allowance.charge()
-        self.stats.inc_value("vertical/budget/extra")
+        self._charge_extra()
         waits = None
         if allowance.owed:
             waits = Deferred()
             self._unpaid.append(waits)
         self._draw()
         return waits
+
+    def _charge_extra(self) -> None:
+        """A page's request after its first (a retry, a resend, a second
+        stage) is charged to what the run holds, or owed."""
+        self.allowance.charge()  # type: ignore[union-attr]
+        self.stats.inc_value("vertical/budget/extra")
 
     def _settle_unpaid(self) -> None:
         """Let the resends waiting for their payment go."""

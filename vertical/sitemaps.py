@@ -32,7 +32,7 @@ from urllib.parse import urljoin, urlsplit
 from lxml import etree
 from scrapy.http import HtmlResponse, XmlResponse
 from scrapy.utils.gz import gunzip, gzip_magic_number
-from scrapy.utils.sitemap import Sitemap
+from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
 from vertical.config import host_allowed
 from vertical.extract import link_followed
@@ -152,18 +152,15 @@ def read_sitemap(body: bytes, base_url: str,
 
 def robots_sitemaps(body: bytes, base_url: str) -> list[str]:
     """The ``Sitemap:`` lines of a robots.txt, made absolute: Scrapy's
-    ``sitemap_urls_from_robots``, but a line that is no URL (``http://[x``)
-    is skipped rather than ending the reading with an error, which took the
-    robots.txt's rules, and so the whole site, with it."""
+    ``sitemap_urls_from_robots`` line by line, so that a line that is no URL
+    (``http://[x``) is skipped rather than ending the reading with an error,
+    which took the robots.txt's rules, and so the whole site, with it."""
     urls = []
-    for line in body.splitlines():
-        if line.lstrip()[:8].lower() == b"sitemap:":
-            try:
-                url = line.partition(b":")[2].strip().decode()
-            except UnicodeDecodeError:
-                continue
-            if (url := _absolute(base_url, url)) is not None:
-                urls.append(url)
+    for line in body.splitlines(keepends=True):
+        try:
+            urls.extend(sitemap_urls_from_robots(line, base_url=base_url))
+        except ValueError:
+            continue
     return urls
 
 
