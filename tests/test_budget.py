@@ -23,7 +23,7 @@ from vertical.config import ConfigError, parse_site
 from vertical.demo.server import HangUp, serve
 from vertical.demo.site import BulkSite, DemoResponse, DemoSite
 from vertical.frontier import open_frontier
-from vertical.budget import ALLOWANCE_KEY, PACE_BURST, RunAllowance, draw, pace_burst
+from vertical.budget import ALLOWANCE_KEY, PACE_BURST, RunAllowance, draw, pace_burst, spent_day
 
 START = {"start_urls": ["http://a.example/"]}
 DAY = 86400.0
@@ -186,8 +186,10 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )
     summary = json.loads(out.stdout)["sites"]["demo"]
-    # What it drew from the site's allowance and did not fetch went back.
+    # What it drew from the site's allowance and did not fetch went back:
+    # what it was charged is what the server answered.
     assert per_day - fetched <= summary["budget"].pop("allowance") <= per_day
+    assert summary["budget"].pop("spent") == fetched
     assert summary["budget"] == {"per_day": per_day, "asked": per_day, "ceiling": 2 * DAY / 0.05}
     assert 0 < summary["total"]["fetched_day"] <= fetched
     text = subprocess.run(
@@ -306,7 +308,7 @@ def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together
 
 def test_allowance_starts_with_a_day_and_fills_at_the_budget_rate():
     state = draw(None, 10, now=1000.0, per_day=24.0)  # none stored yet: a full day
-    assert state == {"tokens": 14.0, "at": 1000.0, "drawn": 10.0, "pace": 1.0}
+    assert state == {"tokens": 14.0, "at": 1000.0, "drawn": 10.0, "pace": 1.0, "spent": [[0.0, 10.0]]}
     state = draw(state, 30, now=1000.0 + 3600.0, per_day=24.0)  # an hour later: one more
     assert state["drawn"] == 15.0 and state["tokens"] == pytest.approx(0.0)
     # Whole fetches only: half an hour accrues half of one.
@@ -351,7 +353,8 @@ def test_allowance_is_a_pure_function_of_what_is_stored():
     assert draw(stored, 2, now=60.0, per_day=240.0) == draw(stored, 2, now=60.0, per_day=240.0)
     assert stored == {"tokens": 3.5, "at": 50.0, "drawn": 1.0}
     # Something else under the key (a hand-edited store): a full day again.
-    assert draw("junk", 1, now=0.0, per_day=10.0) == {"tokens": 9.0, "at": 0.0, "drawn": 1.0, "pace": 1.0}
+    assert draw("junk", 1, now=0.0, per_day=10.0) == {"tokens": 9.0, "at": 0.0, "drawn": 1.0, "pace": 1.0,
+                                                       "spent": [[0.0, 1.0]]}
 
 
 def test_a_run_draws_a_hundredth_of_a_day_at_a_time():
@@ -388,6 +391,30 @@ def test_fetches_made_without_an_allowance_are_owed_and_paid_first():
     assert run.owed == 1 and run.wants(0.0)  # paid at once, spent or not
     run.drawn({"tokens": -1.0, "at": 0.0, "drawn": 0.0}, 0.0, owed=1, want=0)
     assert run.held == 0 and run.owed == 0 and run.exhausted
+
+
+def test_the_allowance_keeps_the_days_charges_by_the_hour():
+    """What ``vertical-status`` holds against the budget: the fetches drawn
+    and owed, less those given back unspent, over the day before now. A
+    rise of the day's budget is no charge given back; a run killed holding
+    fetches leaves them charged, as the allowance does."""
+    state = draw(None, 10, now=100.0, per_day=240.0)
+    state = draw(state, 0, now=200.0, per_day=240.0, owed=2)  # retries made when nothing was held
+    assert spent_day(state, 300.0) == 12.0
+    state = draw(state, -4, now=3700.0, per_day=240.0)  # given back unspent, the next hour
+    assert state["spent"] == [[0.0, 8.0]] and spent_day(state, 3700.0) == 8.0
+    state = draw(state, 5, now=7300.0, per_day=240.0)
+    state = draw(state, 0, now=7300.0, per_day=480.0, rise=240.0)  # a refit found more hosts
+    assert state["spent"] == [[0.0, 8.0], [7200.0, 5.0]]
+    # A day on: the first hour is half out of the window, then all of it.
+    assert spent_day(state, DAY + 1800.0) == pytest.approx(4.0 + 5.0)
+    assert spent_day(state, DAY + 3600.0) == 5.0
+    assert draw(state, 0, now=DAY + 3600.0, per_day=240.0)["spent"] == [[7200.0, 5.0]]
+    assert spent_day(state, 3 * DAY) == 0.0
+    # Given back more than the latest hour holds: the hours before it too.
+    assert draw(state, -7, now=7400.0, per_day=240.0)["spent"] == [[0.0, 6.0]]
+    # A store written before the charges were kept shows none (not zero).
+    assert spent_day({"tokens": 3.0, "at": 0.0, "drawn": 1.0}, 10.0) is None
 
 
 def test_a_continuous_crawl_waits_for_the_allowance_to_fill():
@@ -710,11 +737,21 @@ def test_retries_are_fetches_of_the_budget(tmp_path):
         status = subprocess.run(
             [sys.executable, "-m", "scrapy", "vertical-status", "-s", f"VERTICAL_STORE=sqlite:///{store}"],
             cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout
-        assert f"nothing left in its allowance now, {fetched() - per_day} owed" in status
+        # The spend it shows is what the server saw (it showed the 13 pages
+        # as 13 fetches, 54% of the budget, with the allowance owed).
+        pages = len(first.items) + 1
+        assert (f"spend: {fetched()} fetches ({pages} pages) in the last 24h of a budget of 24 a day "
+                f"({fetched() / per_day:.0%}; refetch.budget); nothing left in its allowance now, "
+                f"{fetched() - per_day} owed") in status
         second = crawl(config, store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": 6 * 3600})
         print(f"both runs: {fetched()} requests, {len(second.items)} documents, {tokens()} left")
         assert fetched() + tokens() == pytest.approx(per_day + per_day / 4, abs=0.1)
         assert fetched() <= per_day + per_day / 4 + 4
+        summary = json.loads(subprocess.run(
+            [sys.executable, "-m", "scrapy", "vertical-status", "--json", "-s", f"VERTICAL_STORE=sqlite:///{store}",
+             "-s", f"VERTICAL_TIME_OFFSET={6 * 3600}"],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout)
+        assert summary["sites"]["library"]["budget"]["spent"] == fetched()
         # Nothing lost: every document fetched was emitted, in one run or the other.
         assert len(first.items) + len(second.items) == sum(
             1 for r in server.requests if r["path"].startswith("/doc/")) // 2

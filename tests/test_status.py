@@ -118,6 +118,20 @@ def test_the_spend_reads_as_numbers_are_written():
     assert "(0%; refetch.budget); nothing left in its allowance now, 4 owed" in render(summary, NOW)
 
 
+def test_the_spend_is_the_fetches_charged_to_the_allowance():
+    """The records show the pages fetched, once each: against the budget go
+    the fetches charged, retries and all. Without an allowance (``auto``)
+    the line says it counts pages."""
+    summary = summarize(fixture_records(), NOW)
+    pages = summary["books"]["total"]["fetched_day"]
+    summary["books"]["budget"] = {"per_day": 24.0, "asked": 24.0, "allowance": -1, "spent": 24.6}
+    assert (f"spend: 25 fetches ({pages} pages) in the last 24h of a budget of 24 a day (104%; refetch.budget); "
+            "nothing left in its allowance now, 1 owed") in render(summary, NOW)
+    summary["books"]["budget"] = {"per_day": 86400.0, "asked": None, "ceiling": 86400.0}
+    assert (f"spend: {pages} pages fetched in the last 24h of a budget of 86,400 a day (0%; auto: what "
+            "politeness allows)") in render(summary, NOW)
+
+
 def test_table_names_hosts_traps_and_lease_holders():
     summary = summarize(fixture_records(), NOW)
     text = render(summary, NOW)

@@ -20,6 +20,11 @@
   seconds of the budget: the site's continuous processes draw from it
   together, so that however many run, start or restart, the site's pace is
   one.
+* The allowance also keeps what it was charged, by the hour, over the last
+  day (:func:`spent_day`): the fetches the site's crawls made, retries and
+  all, that ``scrapy vertical-status`` holds against the budget. Pages
+  fetched, which the URL records show, are fewer: a page fetched twice, or
+  retried, is one page.
 
 Both are pure: the scheduler keeps the clock and the store calls.
 """
@@ -29,7 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ALLOWANCE_KEY", "PACE_BURST", "RunAllowance", "draw", "format_fetches", "pace_burst"]
+__all__ = ["ALLOWANCE_KEY", "PACE_BURST", "RunAllowance", "draw", "format_fetches", "pace_burst", "spent_day"]
 
 DAY = 86400.0
 #: A paced crawl may spend this many seconds of its budget at once: enough
@@ -38,8 +43,12 @@ DAY = 86400.0
 #: may hold what it drew from it (:attr:`RunAllowance.hold`).
 PACE_BURST = 10.0
 #: Site meta: the allowance, ``{"tokens": fetches left, "at": as of when,
-#: "drawn": what the last draw took, "pace": the pace bucket's fetches}``.
+#: "drawn": what the last draw took, "pace": the pace bucket's fetches,
+#: "spent": [[hour, fetches charged in it], ...]}``.
 ALLOWANCE_KEY = "allowance"
+#: The charges are kept by the hour (a day of them is a few hundred bytes
+#: in a value every draw writes).
+HOUR = 3600.0
 
 
 def format_fetches(x: float) -> str:
@@ -137,7 +146,7 @@ class RunAllowance:
         spent together."""
         return self.paced and not self.drawing and self.held >= 1 and now - self.held_at > self.hold
 
-    def drawn(self, state: dict[str, float], now: float, owed: float = 0.0, want: float = 1.0) -> float:
+    def drawn(self, state: dict[str, Any], now: float, owed: float = 0.0, want: float = 1.0) -> float:
         """Take in the store's answer to a draw made at ``now`` that paid
         ``owed`` fetches and asked for ``want``; returns the fetches drawn."""
         self.held += owed + state["drawn"]
@@ -154,12 +163,14 @@ class RunAllowance:
 
 
 def draw(stored: Any, want: float, now: float, per_day: float, paced: bool = False,
-         owed: float = 0.0) -> dict[str, float]:
+         owed: float = 0.0, rise: float = 0.0) -> dict[str, Any]:
     """The allowance after paying ``owed`` fetches already made and taking
     up to ``want`` fetches at ``now`` (a negative ``want`` gives fetches
-    back): what the store should hold, with the whole fetches taken in
-    ``"drawn"``. What is owed is taken whatever is left: the allowance (and
-    the pace) may go below zero, and what accrues pays for it first.
+    back, unspent): what the store should hold, with the whole fetches
+    taken in ``"drawn"``. What is owed is taken whatever is left: the
+    allowance (and the pace) may go below zero, and what accrues pays for
+    it first. ``rise`` adds fetches that were never the site's to spend
+    (its day grew), which are no charge given back.
 
     ``stored`` is what the store held (None at first: a full day's budget
     and a full pace). Tokens accrue at ``per_day / 86400`` a second since
@@ -193,6 +204,52 @@ def draw(stored: Any, want: float, now: float, per_day: float, paced: bool = Fal
     if paced:
         room = min(room, math.floor(max(pace, 0.0)))
     drawn = float(min(max(want, 0.0), room))
-    if want < 0:
-        tokens = min(cap, tokens - want)
-    return {"tokens": tokens - drawn, "at": at, "drawn": drawn, "pace": pace - drawn if paced else pace}
+    if want < 0 or rise > 0:
+        tokens = min(cap, tokens - min(want, 0.0) + max(rise, 0.0))
+    spent = _charged(stored, at, drawn + owed + min(want, 0.0))
+    return {"tokens": tokens - drawn, "at": at, "drawn": drawn, "pace": pace - drawn if paced else pace,
+            "spent": spent}
+
+
+def _charges(stored: Any) -> list[list[float]]:
+    """The hours' charges a stored allowance holds, oldest first (none
+    from a store written before they were kept, or not ours)."""
+    try:
+        spent = [[float(hour), float(n)] for hour, n in stored["spent"]]
+    except (TypeError, KeyError, ValueError):
+        return []
+    return sorted(c for c in spent if math.isfinite(c[0]) and math.isfinite(c[1]))
+
+
+def _charged(stored: Any, at: float, fetches: float) -> list[list[float]]:
+    """The charges by the hour after ``fetches`` more at ``at`` (fewer, when
+    negative: given back unspent, they come off the latest hours, where the
+    run drew them), those over a day old dropped."""
+    spent = [c for c in _charges(stored) if c[0] + HOUR > at - DAY]
+    if fetches > 0:
+        hour = math.floor(at / HOUR) * HOUR
+        if spent and spent[-1][0] == hour:
+            spent[-1][1] += fetches
+        else:
+            spent.append([hour, fetches])
+    back = -fetches
+    for charge in reversed(spent):
+        if back <= 0:
+            break
+        taken = min(charge[1], back)
+        charge[1] -= taken
+        back -= taken
+    return [c for c in spent if c[1] > 0]
+
+
+def spent_day(stored: Any, now: float) -> float | None:
+    """The fetches charged to a stored allowance in the day before ``now``
+    (the oldest hour's share of it pro rata): made, retried, resent, and
+    drawn by a run killed before it could give them back. None when the
+    store keeps no charges (written before they were)."""
+    if not isinstance(stored, dict) or "spent" not in stored:
+        return None
+    total = 0.0
+    for hour, n in _charges(stored):
+        total += n * min(1.0, max(0.0, hour + HOUR - (now - DAY)) / HOUR)
+    return total

@@ -297,7 +297,7 @@ class FrontierScheduler(BaseScheduler):
 
         answered = []
 
-        def drawn(state: dict[str, float]) -> None:
+        def drawn(state: dict[str, Any]) -> None:
             answered.append(True)
             if want < 0:
                 return
@@ -466,10 +466,10 @@ class FrontierScheduler(BaseScheduler):
                         "is %s", self.site.name, hosts, format_fetches(ceiling), format_fetches(per_day))
         if (allowance := self.allowance) is not None:
             # The site's day now holds more: what it adds goes to the stored
-            # allowance as fetches given back would (capped at a day's budget,
-            # so a rise that every process sees is counted once).
+            # allowance (capped at a day's budget, so a rise that every
+            # process sees is counted once).
             if per_day > allowance.per_day:
-                rise = partial(draw, want=allowance.per_day - per_day, now=self.now(), per_day=per_day)
+                rise = partial(draw, want=0.0, now=self.now(), per_day=per_day, rise=per_day - allowance.per_day)
                 self._call(self.frontier.update_meta, self.site.name, ALLOWANCE_KEY, rise).addErrback(
                     partial(self.store_failed, "allowance"))
             allowance.per_day = per_day

@@ -23,8 +23,8 @@ What a summary holds (the same keys for a site's ``total`` and each host):
 * ``last_fetch``: the latest ``fetch_time`` (None when never);
 * ``fetched_day``: records last fetched, or last tried by a fetch that
   failed or answered a trap (``extra["failed_at"]``), within the day before
-  ``now``: the spend to hold against the site's budget (a record fetched
-  twice that day counts once, so a floor on the spend);
+  ``now``: the pages the day's fetches went to (a page fetched twice that
+  day, or retried, counts once);
 * ``errors``: records whose last answer was a 5xx, or that count failures
   (``extra["failures"]``);
 * ``traps``: trap records by ``extra["trap"]`` reason;
@@ -34,9 +34,11 @@ A site's summary also has ``budget`` when its crawl wrote one to the store's
 meta (the scheduler does at open, and again when it finds more hosts):
 ``per_day`` (what it spends), ``asked`` (``refetch.budget``, None for auto)
 and ``ceiling`` (what politeness allows on the hosts the site spans);
-and ``allowance`` once a crawl with a ``refetch.budget`` has drawn from it:
-the fetches the site's crawls may still start now (:mod:`vertical.budget`),
-below zero when they owe fetches (retries made once it was spent).
+and once a crawl with a ``refetch.budget`` has drawn from its allowance
+(:mod:`vertical.budget`), ``allowance``, the fetches the site's crawls may
+still start now (below zero when they owe fetches: retries made once it
+was spent), and ``spent``, the fetches charged to it in the day before
+``now``: the spend to hold against the budget.
 It has ``sitemaps`` when its crawls have read sitemaps
 (:func:`sitemap_summary`).
 """
@@ -228,9 +230,16 @@ def _row(name: str, s: dict[str, Any], now: float) -> tuple[str, ...]:
     )
 
 
-def _spend(fetched: int, budget: dict[str, Any] | None) -> str:
-    """``"120 fetches in the last 24h of a budget of 200 a day (60%)"``."""
-    text = f"{fetched} fetches in the last 24h"
+def _spend(pages: int, budget: dict[str, Any] | None) -> str:
+    """``"250 fetches (120 pages) in the last 24h of a budget of 200 a day
+    (125%; ...)"``: the fetches charged to the allowance, or, where no
+    crawl drew from one (``auto``), the pages fetched."""
+    if budget and (spent := budget.get("spent")) is not None:
+        fetched = round(spent)
+        text = f"{format_fetches(fetched)} fetches ({pages} pages) in the last 24h"
+    else:
+        fetched = pages
+        text = f"{pages} pages fetched in the last 24h"
     if not budget or not budget.get("per_day"):
         return text + " (no budget recorded)"
     per_day = budget["per_day"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from scrapy.exceptions import UsageError
 
-from vertical.budget import ALLOWANCE_KEY, draw
+from vertical.budget import ALLOWANCE_KEY, draw, spent_day
 from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import missing_store, open_store
 from vertical.policies.refetch import OptimalSchedule
@@ -46,12 +46,15 @@ def processes(store: Any, sites: list[str]) -> dict[str, list[dict[str, Any]]]:
 
 def _budget(store: Any, site: str, now: float) -> dict[str, Any] | None:
     """The budget the site's last crawl used, with what is left of its
-    allowance now when runs have drawn from it."""
+    allowance now and what was charged to it in the last day, when runs
+    have drawn from it."""
     budget = store.get_meta(site, "budget")
     if budget and budget.get("per_day") and budget.get("asked") is not None:
         stored = store.get_meta(site, ALLOWANCE_KEY)
         if stored is not None:
             budget["allowance"] = math.floor(draw(stored, 0, now, budget["per_day"])["tokens"])
+            if (spent := spent_day(stored, now)) is not None:
+                budget["spent"] = round(spent, 2)
     return budget
 
 
