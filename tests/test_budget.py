@@ -498,8 +498,10 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, fro
         fetched = run(12 * 3600.0, "2", processes=3)
         assert per_day // 4 - 3 <= fetched <= per_day // 4
         with open_frontier(store) as frontier:
-            left = frontier.get_meta("library", ALLOWANCE_KEY)["tokens"]
-        assert fetched + left == pytest.approx(per_day / 4, abs=0.01)
+            stored = frontier.get_meta("library", ALLOWANCE_KEY)
+        assert fetched + stored["tokens"] == pytest.approx(per_day / 4, abs=0.01)
+        # The day's charges are the three runs' fetches, whatever gave back what.
+        assert spent_day(stored, time.time() + 12 * 3600.0) == per_day + per_day // 4 + fetched
         # A week idle: one day's budget again, not seven.
         assert run(7 * DAY, "3") == per_day
         assert spent == [True] * 3
@@ -510,7 +512,8 @@ def test_runs_that_end_draw_their_fetches_from_one_daily_allowance(tmp_path, fro
          "-s", f"VERTICAL_TIME_OFFSET={7 * DAY}"],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )
-    assert json.loads(out.stdout)["sites"]["library"]["budget"]["allowance"] == 0
+    budget = json.loads(out.stdout)["sites"]["library"]["budget"]
+    assert budget["allowance"] == 0 and budget["spent"] == per_day
     text = subprocess.run(
         [sys.executable, "-m", "scrapy", "vertical-status", "-s", f"VERTICAL_STORE={store}",
          "-s", f"VERTICAL_TIME_OFFSET={7 * DAY + 3600}"],
