@@ -582,9 +582,14 @@ def test_a_killed_run_never_makes_the_site_spend_more(tmp_path):
         killed = pages()
         crawl(config, store, tmp_path, tag="after")
         fetched = pages()
-    print(f"killed after {killed} pages; {fetched} with the run after it, of {per_day}")
+        with open_frontier(f"sqlite:///{store}") as frontier:
+            charged = spent_day(frontier.get_meta("library", ALLOWANCE_KEY), time.time())
+    print(f"killed after {killed} pages; {fetched} with the run after it, of {per_day}; {charged} charged")
     assert killed < per_day
     assert per_day - 1.5 * 3 - 4 <= fetched <= per_day, (killed, fetched)
+    # What vertical-status holds against the budget: every fetch the server
+    # saw, and what the killed run held unspent.
+    assert fetched <= charged <= fetched + 1.5 * 3 + 4
 
 
 @pytest.mark.parametrize(("keys", "later", "early"), [
