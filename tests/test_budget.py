@@ -303,6 +303,59 @@ def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together
         frontier.close()
 
 
+class Shelf:
+    """A host's home page listing ``documents`` documents that never change;
+    its robots.txt may ask a ``crawl_delay``."""
+
+    def __init__(self, documents: int, crawl_delay: float | None = None) -> None:
+        self.documents = documents
+        self.crawl_delay = crawl_delay
+
+    def render(self, path, host="", headers=None, step=None):
+        if path == "/robots.txt":
+            delay = f"Crawl-delay: {self.crawl_delay:g}\n" if self.crawl_delay else ""
+            return DemoResponse(200, {"Content-Type": "text/plain"}, f"User-agent: *\nDisallow:\n{delay}".encode())
+        if path == "/":
+            links = " ".join(f'<a href="/doc/{i}">{i}</a>' for i in range(self.documents))
+            body = f"<html><body>{links}</body></html>"
+        elif path.startswith("/doc/") and path[5:].isdigit() and int(path[5:]) < self.documents:
+            body = f"<html><body><h1>{host} {path}</h1></body></html>"
+        else:
+            return DemoResponse(404, {"Content-Type": "text/plain"}, b"not here")
+        return DemoResponse(200, {"Content-Type": "text/html; charset=utf-8"}, body.encode())
+
+
+@pytest.mark.parametrize("crawl_delay", [None, 2.0])
+def test_a_slow_hosts_pages_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl_delay):
+    """Two hosts and a day's budget of 24 fetches: one of 60 documents, and
+    one of 8 whose robots.txt may ask 2 s between fetches. Taken in turns,
+    the slow host's home and documents get 9 of the 24, delay or not: its
+    politeness decides when they go, not whether. Its pages waiting out the
+    delay had their turns taken by the fast host, which spent the run's
+    allowance in a second: 1 of the 8 documents a run, and after three daily
+    runs most had never been fetched."""
+    per_day = 24
+    store = tmp_path / "f.sqlite3"
+    with serve(Shelf(8, crawl_delay), address="127.0.0.2") as slow, serve(Shelf(60)) as fast:
+        config = small_site(tmp_path, "shelf", fast.url, start_urls=[f"{fast.url}/", f"{slow.url}/"],
+                            allowed_domains=["127.0.0.1", "127.0.0.2"],
+                            documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
+                            refetch={"initial": "1d", "budget": f"{per_day}/d"},
+                            politeness={"delay": 0, "concurrency": 1})
+        crawl(config, store, tmp_path, tag="0", args={"pages": 2})  # the two homes: every document known
+        fast.clear_log()
+        slow.clear_log()
+        result = crawl(config, store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": DAY + 60})
+        pages = lambda server: [r["t"] for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
+        print(f"Crawl-delay {crawl_delay}: slow host {len(pages(slow))}, fast host {len(pages(fast))}")
+        assert len(pages(fast)) + len(pages(slow)) == per_day
+        assert len(pages(slow)) == 9
+        if crawl_delay:
+            gaps = [b - a for a, b in zip(pages(slow), pages(slow)[1:])]
+            assert min(gaps) >= crawl_delay - 0.005  # arrivals on the server's clock, sends on Scrapy's
+    assert result.stat("vertical/budget/spent") == 1
+
+
 # -- the allowance of runs that end ----------------------------------------------------
 
 

@@ -107,6 +107,9 @@ class RunAllowance:
         #: The last draw found the day's allowance there and the pace empty.
         self.paced_out = False
         self.retry_at = 0.0
+        #: What the site's allowance held after this run's last draw (as
+        #: far as this run knows: other processes draw from it too).
+        self.left = math.inf
 
     @property
     def chunk(self) -> int:
@@ -124,6 +127,15 @@ class RunAllowance:
     def charge(self) -> None:
         """A page's request goes out: paid from what the run holds, or owed."""
         self.held -= 1
+
+    @property
+    def spendable(self) -> float:
+        """The fetches this run may still make, as far as it knows: what it
+        holds and what the site's allowance had left at its last draw
+        (unbounded for a run that waits for the allowance to fill)."""
+        if self.waits:
+            return math.inf
+        return max(self.held, 0.0) + (0.0 if self.spent else math.floor(max(self.left, 0.0)))
 
     @property
     def exhausted(self) -> bool:
@@ -151,6 +163,7 @@ class RunAllowance:
         ``owed`` fetches and asked for ``want``; returns the fetches drawn."""
         self.held += owed + state["drawn"]
         self.held_at = now
+        self.left = state["tokens"]
         self.paced_out = False
         if want and not state["drawn"]:
             self.spent = True

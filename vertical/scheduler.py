@@ -206,6 +206,9 @@ class FrontierScheduler(BaseScheduler):
         # e.g. the robots.txt check, may hold a request for a while).
         self._on_the_way: dict[int, str] = {}
         self._on_the_way_per_host: Counter[str] = Counter()
+        # Turns of busy hosts that others took (deficit round robin): under
+        # a budget, what a run can still spend is kept for them (_pop).
+        self._turns_owed: Counter[str] = Counter()
         self._postponed: dict[str, float] = {}
         self._started = time.time()
         self.allowance: RunAllowance | None = None
@@ -985,7 +988,13 @@ class FrontierScheduler(BaseScheduler):
             # No delay, no rate to go by: on a store shared by machines, two
             # rounds of the slot's concurrency; alone, a whole claim batch.
             return min(self.batch, max(32, 2 * concurrency)) if self._shared_store else self.batch
-        return max(2 * concurrency, min(self.batch, int(QUEUE_HORIZON / delay * concurrency)))
+        target = max(2 * concurrency, min(self.batch, int(QUEUE_HORIZON / delay * concurrency)))
+        if self.allowance is not None and (spendable := self.allowance.spendable) < self.batch:
+            # A run near the end of its budget holds what it can still pay
+            # for of a slow host: the turns the host is owed count its pages
+            # (_kept_for_others), not only its next 30 s of them.
+            target = max(target, int(spendable))
+        return target
 
     def _trim_host(self, host: str) -> None:
         """Give back what this process holds of a host beyond its target (a
@@ -1033,6 +1042,7 @@ class FrontierScheduler(BaseScheduler):
 
     def _pop(self) -> Request | None:
         downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
+        skipped = []
         for _ in range(len(self._hosts)):
             host = self._hosts[0]
             self._hosts.rotate(-1)
@@ -1042,6 +1052,7 @@ class FrontierScheduler(BaseScheduler):
             slot = existing_slot(downloader, host)
             busy = self._on_the_way_per_host[host] + (len(slot_active(slot)) if slot is not None else 0)
             if busy >= (slot_concurrency(slot) if slot is not None else self._concurrency):
+                skipped.append(host)
                 continue  # the host is busy; serve the next one
             if not self._committable(queue[0][2]):
                 self.stats.inc_value("vertical/scheduler/lease_unconfirmed")
@@ -1049,6 +1060,9 @@ class FrontierScheduler(BaseScheduler):
             if not self.barren.hand_out(queue[0][2]):
                 self.stats.inc_value("vertical/scheduler/family_waits")
                 continue  # its family's budget is taken by first fetches under way
+            if self._kept_for_others(host):
+                continue
+            self._owe_turns(host, skipped)
             record = heapq.heappop(queue)[2]
             self._queued.discard(record.fingerprint)
             self._claimed_at.pop(record.fingerprint, None)
@@ -1064,6 +1078,36 @@ class FrontierScheduler(BaseScheduler):
             self.stats.inc_value("vertical/scheduler/dequeued")
             return self.spider.request_for(record, self._templates.pop(record.fingerprint, None))
         return None
+
+    def _owe_turns(self, host: str, skipped: list[str]) -> None:
+        """``host`` takes a turn: the busy hosts passed over on the way are
+        owed one each (at most what they have queued), and one it was owed
+        is paid. Kept only where a budget can run out before a run ends."""
+        allowance = self.allowance
+        if allowance is None or allowance.waits:
+            return
+        for other in skipped:
+            self._turns_owed[other] = min(self._turns_owed[other] + 1, len(self._queues[other]))
+        if self._turns_owed[host] > 1:
+            self._turns_owed[host] -= 1
+        else:
+            self._turns_owed.pop(host, None)
+
+    def _kept_for_others(self, host: str) -> bool:
+        """Whether what this run can still spend is kept for the turns the
+        busy hosts were owed while others took them (deficit round robin,
+        Shreedhar and Varghese): under a budget a run ends once it is spent,
+        and a host waiting out its Crawl-delay had its turns taken by the
+        free hosts, which spent the allowance before its pages went out. A
+        slow host's politeness then decides when its pages go, not whether."""
+        allowance = self.allowance
+        if allowance is None or allowance.waits or not self._turns_owed:
+            return False
+        owed = sum(min(n, len(self._queues.get(h, ()))) for h, n in self._turns_owed.items() if h != host)
+        if allowance.spendable - owed >= 1:
+            return False
+        self.stats.inc_value("vertical/budget/turns_kept")
+        return True
 
     def _committable(self, record: URLRecord) -> bool:
         """Is the claim on ``record`` known to run for another half lease?"""
