@@ -353,6 +353,7 @@ def test_a_slow_hosts_pages_get_the_fetches_a_run_would_give_them_anyway(tmp_pat
         if crawl_delay:
             gaps = [b - a for a, b in zip(pages(slow), pages(slow)[1:])]
             assert min(gaps) >= crawl_delay - 0.005  # arrivals on the server's clock, sends on Scrapy's
+            assert result.stat("vertical/budget/turns_kept") > 0
     assert result.stat("vertical/budget/spent") == 1
 
 

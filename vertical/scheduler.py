@@ -38,7 +38,9 @@ What the engine can rely on:
   allowance in the store (:mod:`vertical.budget`), retries and second
   stages too: a run that finds it empty hands out nothing more and ends
   (what it claimed is released, the retries of its pages under way go out
-  and are paid for); a continuous crawl waits for it to fill, and draws
+  and are paid for; what it can still spend is kept for the turns of hosts
+  passed over while they waited out their delay); a continuous crawl
+  waits for it to fill, and draws
   from the one pace that the site's continuous processes share. When nothing is due and the pace
   has fetches to spare, a continuous crawl claims the records due soonest,
   up to ``refetch.ahead`` early and none within ``refetch.min`` of its
