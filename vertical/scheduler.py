@@ -40,8 +40,8 @@ What the engine can rely on:
   (what it claimed is released, the retries of its pages under way go out
   and are paid for; what it can still spend is kept for the turns of hosts
   passed over while they waited out their delay); a continuous crawl
-  waits for it to fill, and draws
-  from the one pace that the site's continuous processes share. When nothing is due and the pace
+  waits for it to fill, and draws from the one pace that the site's
+  continuous processes share. When nothing is due and the pace
   has fetches to spare, a continuous crawl claims the records due soonest,
   up to ``refetch.ahead`` early and none within ``refetch.min`` of its
   last fetch.
