@@ -812,6 +812,18 @@ class HostRateMiddleware:
         except BaseException:
             slot_active(slot).discard(request)
             raise
+        last = self._ended.get(host)
+        if delay <= 0 and last is not None and (wait := sum(last) - time.time()) > 0:
+            # The last request's process had a delay, this one none yet (its
+            # robots.txt, which brings the Crawl-delay, goes first): Scrapy's
+            # slot keeps no gap without a delay of its own, so it is waited
+            # for here.
+            try:
+                await sleep(wait)
+            except BaseException:
+                slot_active(slot).discard(request)
+                self._leave(host)
+                raise
         if not self._solo:
             self._leave(host)
             return False

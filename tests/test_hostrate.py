@@ -585,6 +585,24 @@ def test_a_process_started_after_a_solo_one_was_killed_keeps_the_delay(tmp_path)
     assert all(gap >= delay - CLOCK for gap in gaps.values()), gaps
 
 
+def test_back_to_back_runs_keep_a_crawl_delay_their_robots_txt_comes_before(tmp_path):
+    """Runs one after another on a SQLite store, each alone (solo), at a host
+    whose robots.txt asks 2 s and a site delay of 0: a run's first request
+    is robots.txt, sent before this run knows the Crawl-delay. It kept the
+    last run's delay only where the slot had one of its own, and came 1.6 s
+    after the last run's last page at 3 s. Every request, robots.txt too,
+    now comes the Crawl-delay after the one before."""
+    delay = 2.0
+    with serve(DemoSite(seed=0, films=20, crawl_delay=delay)) as demo:
+        site = site_file(tmp_path, demo.url, politeness={"delay": 0, "concurrency": 1})
+        runs = [crawl(site, tmp_path / "f.sqlite3", tmp_path, tag=str(i), args={"pages": 2}) for i in range(3)]
+        every = demo.requests
+    assert all(run.stat("vertical/hostrate/solo") for run in runs)
+    assert [r["path"] for r in every].count("/robots.txt") == 3
+    t = arrivals(every)
+    assert min(b - a for a, b in zip(t, t[1:])) >= delay - CLOCK
+
+
 def test_a_process_alone_has_one_request_in_flight_at_a_host_with_a_delay(tmp_path):
     """Solo, as with turns: with a delay, a concurrency of 2 does not put two
     requests in flight at a host (each would arrive a delay after the
