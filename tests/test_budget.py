@@ -317,7 +317,7 @@ class Shelf:
             return DemoResponse(200, {"Content-Type": "text/plain"}, f"User-agent: *\nDisallow:\n{delay}".encode())
         if path == "/":
             links = " ".join(f'<a href="/doc/{i}">{i}</a>' for i in range(self.documents))
-            body = f"<html><body>{links}</body></html>"
+            body = f"<html><body><h1>{host}</h1>{links}</body></html>"  # not a duplicate of another host's
         elif path.startswith("/doc/") and path[5:].isdigit() and int(path[5:]) < self.documents:
             body = f"<html><body><h1>{host} {path}</h1></body></html>"
         else:
@@ -325,36 +325,46 @@ class Shelf:
         return DemoResponse(200, {"Content-Type": "text/html; charset=utf-8"}, body.encode())
 
 
+@pytest.mark.parametrize("limit", ["budget", "pages"])
 @pytest.mark.parametrize("crawl_delay", [None, 2.0])
-def test_a_slow_hosts_pages_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl_delay):
-    """Two hosts and a day's budget of 24 fetches: one of 60 documents, and
-    one of 8 whose robots.txt may ask 2 s between fetches. Taken in turns,
-    the slow host's home and documents get 9 of the 24, delay or not: its
-    politeness decides when they go, not whether. Its pages waiting out the
-    delay had their turns taken by the fast host, which spent the run's
-    allowance in a second: 1 of the 8 documents a run, and after three daily
-    runs most had never been fetched."""
+def test_slow_hosts_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl_delay, limit):
+    """A run of 24 fetches (a day's budget, or ``-a pages``) over three
+    hosts: one of 60 documents, and two of 4 whose robots.txt may ask 2 s
+    between fetches. Taken in turns, each slow host's home and documents
+    get 5 of the 24, delay or not: its politeness decides when they go, not
+    whether. Their pages waiting out the delay had their turns taken by the
+    fast host, which spent the run in a second: one document of each slow
+    host a run, and with a slow host of 21 documents at 30 s, 18 never
+    fetched after three daily runs. (Two slow hosts each keeping the rest for
+    the other once stopped the run for good.)"""
     per_day = 24
     store = tmp_path / "f.sqlite3"
-    with serve(Shelf(8, crawl_delay), address="127.0.0.2") as slow, serve(Shelf(60)) as fast:
-        config = small_site(tmp_path, "shelf", fast.url, start_urls=[f"{fast.url}/", f"{slow.url}/"],
-                            allowed_domains=["127.0.0.1", "127.0.0.2"],
-                            documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
-                            refetch={"initial": "1d", "budget": f"{per_day}/d"},
-                            politeness={"delay": 0, "concurrency": 1})
-        crawl(config, store, tmp_path, tag="0", args={"pages": 2})  # the two homes: every document known
-        fast.clear_log()
-        slow.clear_log()
-        result = crawl(config, store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": DAY + 60})
+    with serve(Shelf(4, crawl_delay), address="127.0.0.2") as slow, \
+            serve(Shelf(4, crawl_delay), address="127.0.0.3") as slower, serve(Shelf(60)) as fast:
+        def config(**refetch: str) -> Path:
+            return small_site(tmp_path, "shelf", fast.url, start_urls=[f"{s.url}/" for s in (fast, slow, slower)],
+                              allowed_domains=["127.0.0.1", "127.0.0.2", "127.0.0.3"],
+                              documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
+                              refetch={"initial": "1d", **refetch}, politeness={"delay": 0, "concurrency": 1})
+
+        crawl(config(), store, tmp_path, tag="0")  # the whole site, each page due again a day later
+        config(**({"budget": f"{per_day}/d"} if limit == "budget" else {}))
+        for server in (fast, slow, slower):
+            server.clear_log()
+        result = crawl(tmp_path / "shelf.yaml", store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": DAY + 60},
+                       args={"pages": per_day} if limit == "pages" else {})
         pages = lambda server: [r["t"] for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
-        print(f"Crawl-delay {crawl_delay}: slow host {len(pages(slow))}, fast host {len(pages(fast))}")
-        assert len(pages(fast)) + len(pages(slow)) == per_day
-        assert len(pages(slow)) == 9
+        print(f"Crawl-delay {crawl_delay}: slow hosts {len(pages(slow))} and {len(pages(slower))}, "
+              f"fast host {len(pages(fast))}")
+        assert len(pages(fast)) + len(pages(slow)) + len(pages(slower)) == per_day
+        assert len(pages(slow)) == len(pages(slower)) == 5
         if crawl_delay:
-            gaps = [b - a for a, b in zip(pages(slow), pages(slow)[1:])]
-            assert min(gaps) >= crawl_delay - 0.005  # arrivals on the server's clock, sends on Scrapy's
+            for server in (slow, slower):
+                gaps = [b - a for a, b in zip(pages(server), pages(server)[1:])]
+                assert min(gaps) >= crawl_delay - 0.005  # arrivals on the server's clock, sends on Scrapy's
             assert result.stat("vertical/budget/turns_kept") > 0
-    assert result.stat("vertical/budget/spent") == 1
+    if limit == "budget":
+        assert result.stat("vertical/budget/spent") == 1
 
 
 # -- the allowance of runs that end ----------------------------------------------------

@@ -991,9 +991,9 @@ class FrontierScheduler(BaseScheduler):
             # rounds of the slot's concurrency; alone, a whole claim batch.
             return min(self.batch, max(32, 2 * concurrency)) if self._shared_store else self.batch
         target = max(2 * concurrency, min(self.batch, int(QUEUE_HORIZON / delay * concurrency)))
-        if self.allowance is not None and (spendable := self.allowance.spendable) < self.batch:
-            # A run near the end of its budget holds what it can still pay
-            # for of a slow host: the turns the host is owed count its pages
+        if (spendable := self._spendable()) < self.batch:
+            # A run near its end holds what it can still fetch of a slow
+            # host: the turns the host is owed count its pages
             # (_kept_for_others), not only its next 30 s of them.
             target = max(target, int(spendable))
         return target
@@ -1081,32 +1081,47 @@ class FrontierScheduler(BaseScheduler):
             return self.spider.request_for(record, self._templates.pop(record.fingerprint, None))
         return None
 
+    def _spendable(self) -> float:
+        """The pages this run may still hand out, as far as it knows: what
+        its allowance and ``-a pages`` leave (unbounded for a run that waits
+        for its allowance to fill, or has neither)."""
+        spendable = math.inf
+        if self.allowance is not None:
+            spendable = self.allowance.spendable
+        if self.max_pages:
+            spendable = min(spendable, self.max_pages - self._handed_out)
+        return spendable
+
     def _owe_turns(self, host: str, skipped: list[str]) -> None:
-        """``host`` takes a turn: the busy hosts passed over on the way are
-        owed one each (at most what they have queued), and one it was owed
-        is paid. Kept only where a budget can run out before a run ends."""
-        allowance = self.allowance
-        if allowance is None or allowance.waits:
+        """``host`` takes a turn: the busy hosts passed over on the way that
+        wait out a delay are owed one each (at most what they have queued:
+        a host slow to answer is no host asking to be left alone), and one
+        it was owed is paid. Kept only where a run can end before all it
+        claimed is fetched."""
+        if self._spendable() == math.inf:
             return
         for other in skipped:
-            self._turns_owed[other] = min(self._turns_owed[other] + 1, len(self._queues[other]))
+            if self._host_delay(other, self._delay) > 0:
+                self._turns_owed[other] = min(self._turns_owed[other] + 1, len(self._queues[other]))
         if self._turns_owed[host] > 1:
             self._turns_owed[host] -= 1
         else:
             self._turns_owed.pop(host, None)
 
     def _kept_for_others(self, host: str) -> bool:
-        """Whether what this run can still spend is kept for the turns the
+        """Whether what this run can still fetch is kept for the turns the
         busy hosts were owed while others took them (deficit round robin,
-        Shreedhar and Varghese): under a budget a run ends once it is spent,
-        and a host waiting out its Crawl-delay had its turns taken by the
-        free hosts, which spent the allowance before its pages went out. A
-        slow host's politeness then decides when its pages go, not whether."""
-        allowance = self.allowance
-        if allowance is None or allowance.waits or not self._turns_owed:
+        Shreedhar and Varghese). A run ends once its allowance (or ``-a
+        pages``) is spent, and a host waiting out its Crawl-delay had its
+        turns taken by the free hosts, which spent it all before its pages
+        went out: a slow host's politeness decides when its pages go, not
+        whether. A host that is owed turns takes them whatever the others
+        are owed: two slow hosts each keeping the rest for the other would
+        wait for ever."""
+        if not self._turns_owed or host in self._turns_owed:
             return False
-        owed = sum(min(n, len(self._queues.get(h, ()))) for h, n in self._turns_owed.items() if h != host)
-        if allowance.spendable - owed >= 1:
+        owed = sum(min(n, len(self._queues.get(h, ()))) for h, n in self._turns_owed.items())
+        if self._spendable() - owed >= 1:
             return False
         self.stats.inc_value("vertical/budget/turns_kept")
         return True
