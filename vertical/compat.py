@@ -64,6 +64,7 @@ __all__ = [
     "slot_active",
     "slot_concurrency",
     "slot_settings",
+    "slot_transferring",
     "touch_slot",
     "wake_engine",
 ]
@@ -116,6 +117,8 @@ INTERNALS: tuple[Internal, ...] = (
              ("middlewares.hostrate", "vertical.scheduler"), instance=True),
     Internal(_SLOT, "concurrency", "read: how many requests a host may have in flight",
              ("vertical.scheduler", "middlewares.hostrate"), instance=True),
+    Internal(_SLOT, "transferring", "read: is a busy host downloading, or waiting out its delay",
+             ("vertical.scheduler",), instance=True),
     Internal(_ROBOTS, "_parsers", "expiry of cached robots.txt rules", ("middlewares.robots",), instance=True),
     Internal(_ROBOTS, "_robotstxt_useragent", "the user agent robots.txt rules are read for",
              ("middlewares.robots",), instance=True),
@@ -268,6 +271,12 @@ def touch_slot(slot: Slot, when: float) -> None:
 def slot_active(slot: Slot) -> set[Request]:
     """The slot's set of requests in flight (live: add and discard on it)."""
     return _get(slot, "Slot", "active")
+
+
+def slot_transferring(slot: Slot) -> set[Request]:
+    """The slot's requests being downloaded (the rest of its active ones
+    wait: for the delay, or before the slot)."""
+    return _get(slot, "Slot", "transferring")
 
 
 def slot_concurrency(slot: Slot) -> int:

@@ -80,7 +80,7 @@ from twisted.python.failure import Failure
 
 from vertical.budget import ALLOWANCE_KEY, RunAllowance, draw, format_fetches
 from vertical.commit import META_RECORD, FrontierCommit
-from vertical.compat import existing_slot, slot_active, slot_concurrency, wake_engine
+from vertical.compat import existing_slot, slot_active, slot_concurrency, slot_transferring, wake_engine
 from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
@@ -211,6 +211,7 @@ class FrontierScheduler(BaseScheduler):
         # Turns of busy hosts that others took (deficit round robin): under
         # a budget, what a run can still spend is kept for them (_pop).
         self._turns_owed: Counter[str] = Counter()
+        self._downloading: dict[str, tuple[Request, float]] = {}  # host -> a download seen under way, since when
         self._postponed: dict[str, float] = {}
         self._started = time.time()
         self.allowance: RunAllowance | None = None
@@ -1054,7 +1055,8 @@ class FrontierScheduler(BaseScheduler):
             slot = existing_slot(downloader, host)
             busy = self._on_the_way_per_host[host] + (len(slot_active(slot)) if slot is not None else 0)
             if busy >= (slot_concurrency(slot) if slot is not None else self._concurrency):
-                skipped.append(host)
+                if self._waits_out_a_delay(host, slot, busy):
+                    skipped.append(host)
                 continue  # the host is busy; serve the next one
             if not self._committable(queue[0][2]):
                 self.stats.inc_value("vertical/scheduler/lease_unconfirmed")
@@ -1092,17 +1094,38 @@ class FrontierScheduler(BaseScheduler):
             spendable = min(spendable, self.max_pages - self._handed_out)
         return spendable
 
+    def _waits_out_a_delay(self, host: str, slot: Any, busy: int) -> bool:
+        """Whether a busy ``host`` is busy with politeness: a request of its
+        waits out the host's delay (or its turn, or its robots.txt), rather
+        than all being downloaded (a host slow to answer is no host asking
+        to be left alone)."""
+        if self._host_delay(host, self._delay) <= 0:
+            return False
+        return slot is None or busy > len(slot_transferring(slot))
+
+    def _answers_slowly(self, host: str) -> bool:
+        """Whether ``host``'s download has been under way for longer than its
+        delay: a host that takes minutes to answer is no host asking to be
+        left alone, and holds nobody up but itself."""
+        slot = existing_slot(self.crawler.engine.downloader, host)  # type: ignore[union-attr]
+        downloading = next(iter(slot_transferring(slot)), None) if slot is not None else None
+        if downloading is None:
+            self._downloading.pop(host, None)
+            return False
+        seen = self._downloading.get(host)
+        if seen is None or seen[0] is not downloading:
+            self._downloading[host] = seen = (downloading, time.monotonic())
+        return time.monotonic() - seen[1] > self._host_delay(host, self._delay)
+
     def _owe_turns(self, host: str, skipped: list[str]) -> None:
-        """``host`` takes a turn: the busy hosts passed over on the way that
-        wait out a delay are owed one each (at most what they have queued:
-        a host slow to answer is no host asking to be left alone), and one
-        it was owed is paid. Kept only where a run can end before all it
-        claimed is fetched."""
+        """``host`` takes a turn: the busy hosts passed over on the way,
+        waiting out a delay, are owed one each (at most what they have
+        queued), and one it was owed is paid. Kept only where a run can end
+        before all it claimed is fetched."""
         if self._spendable() == math.inf:
             return
         for other in skipped:
-            if self._host_delay(other, self._delay) > 0:
-                self._turns_owed[other] = min(self._turns_owed[other] + 1, len(self._queues[other]))
+            self._turns_owed[other] = min(self._turns_owed[other] + 1, len(self._queues[other]))
         if self._turns_owed[host] > 1:
             self._turns_owed[host] -= 1
         else:
@@ -1120,7 +1143,8 @@ class FrontierScheduler(BaseScheduler):
         wait for ever."""
         if not self._turns_owed or host in self._turns_owed:
             return False
-        owed = sum(min(n, len(self._queues.get(h, ()))) for h, n in self._turns_owed.items())
+        owed = sum(min(n, len(self._queues.get(h, ()))) for h, n in self._turns_owed.items()
+                   if not self._answers_slowly(h))
         if self._spendable() - owed >= 1:
             return False
         self.stats.inc_value("vertical/budget/turns_kept")
