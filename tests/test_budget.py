@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from functools import partial
+from pathlib import Path
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -333,8 +334,8 @@ def test_slow_hosts_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl
     between fetches. Taken in turns, each slow host's home and documents
     get 5 of the 24, delay or not: its politeness decides when they go, not
     whether. Their pages waiting out the delay had their turns taken by the
-    fast host, which spent the run in a second: one document of each slow
-    host a run, and with a slow host of 21 documents at 30 s, 18 never
+    fast host, which spent the run in a second: one page of each slow host
+    (its home) a run, and with a slow host of 21 documents at 30 s, 18 never
     fetched after three daily runs. (Two slow hosts each keeping the rest for
     the other once stopped the run for good.)"""
     per_day = 24
@@ -362,7 +363,7 @@ def test_slow_hosts_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl
             for server in (slow, slower):
                 gaps = [b - a for a, b in zip(pages(server), pages(server)[1:])]
                 assert min(gaps) >= crawl_delay - 0.005  # arrivals on the server's clock, sends on Scrapy's
-            assert result.stat("vertical/budget/turns_kept") > 0
+            assert result.stat("vertical/scheduler/turns_kept") > 0
     if limit == "budget":
         assert result.stat("vertical/budget/spent") == 1
 

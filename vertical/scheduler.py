@@ -208,8 +208,9 @@ class FrontierScheduler(BaseScheduler):
         # e.g. the robots.txt check, may hold a request for a while).
         self._on_the_way: dict[int, str] = {}
         self._on_the_way_per_host: Counter[str] = Counter()
-        # Turns of busy hosts that others took (deficit round robin): under
-        # a budget, what a run can still spend is kept for them (_pop).
+        # Turns of hosts waiting out a delay that others took (deficit round
+        # robin): in a run that ends (a budget, -a pages), what it can still
+        # fetch is kept for them (_pop).
         self._turns_owed: Counter[str] = Counter()
         self._downloading: dict[str, tuple[Request, float]] = {}  # host -> a download seen under way, since when
         self._postponed: dict[str, float] = {}
@@ -1045,7 +1046,7 @@ class FrontierScheduler(BaseScheduler):
 
     def _pop(self) -> Request | None:
         downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
-        skipped = []
+        skipped: list[str] = []  # hosts passed over while they wait out a delay
         for _ in range(len(self._hosts)):
             host = self._hosts[0]
             self._hosts.rotate(-1)
@@ -1147,7 +1148,7 @@ class FrontierScheduler(BaseScheduler):
                    if not self._answers_slowly(h))
         if self._spendable() - owed >= 1:
             return False
-        self.stats.inc_value("vertical/budget/turns_kept")
+        self.stats.inc_value("vertical/scheduler/turns_kept")
         return True
 
     def _committable(self, record: URLRecord) -> bool:
