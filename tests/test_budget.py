@@ -304,28 +304,6 @@ def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together
         frontier.close()
 
 
-class Shelf:
-    """A host's home page listing ``documents`` documents that never change;
-    its robots.txt may ask a ``crawl_delay``."""
-
-    def __init__(self, documents: int, crawl_delay: float | None = None) -> None:
-        self.documents = documents
-        self.crawl_delay = crawl_delay
-
-    def render(self, path, host="", headers=None, step=None):
-        if path == "/robots.txt":
-            delay = f"Crawl-delay: {self.crawl_delay:g}\n" if self.crawl_delay else ""
-            return DemoResponse(200, {"Content-Type": "text/plain"}, f"User-agent: *\nDisallow:\n{delay}".encode())
-        if path == "/":
-            links = " ".join(f'<a href="/doc/{i}">{i}</a>' for i in range(self.documents))
-            body = f"<html><body><h1>{host}</h1>{links}</body></html>"  # not a duplicate of another host's
-        elif path.startswith("/doc/") and path[5:].isdigit() and int(path[5:]) < self.documents:
-            body = f"<html><body><h1>{host} {path}</h1></body></html>"
-        else:
-            return DemoResponse(404, {"Content-Type": "text/plain"}, b"not here")
-        return DemoResponse(200, {"Content-Type": "text/html; charset=utf-8"}, body.encode())
-
-
 @pytest.mark.parametrize("limit", ["budget", "pages"])
 @pytest.mark.parametrize("crawl_delay", [None, 2.0])
 def test_slow_hosts_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl_delay, limit):
@@ -340,10 +318,11 @@ def test_slow_hosts_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl
     the other once stopped the run for good.)"""
     per_day = 24
     store = tmp_path / "f.sqlite3"
-    with serve(Shelf(4, crawl_delay), address="127.0.0.2") as slow, \
-            serve(Shelf(4, crawl_delay), address="127.0.0.3") as slower, serve(Shelf(60)) as fast:
+    with serve(LibrarySite(4, crawl_delay=crawl_delay), address="127.0.0.2") as slow, \
+            serve(LibrarySite(4, crawl_delay=crawl_delay), address="127.0.0.3") as slower, \
+            serve(LibrarySite(60)) as fast:
         def config(**refetch: str) -> Path:
-            return small_site(tmp_path, "shelf", fast.url, start_urls=[f"{s.url}/" for s in (fast, slow, slower)],
+            return small_site(tmp_path, "library", fast.url, start_urls=[f"{s.url}/" for s in (fast, slow, slower)],
                               allowed_domains=["127.0.0.1", "127.0.0.2", "127.0.0.3"],
                               documents=[{"name": "doc", "match": r"/doc/\d+$", "fields": {"title": "//h1/text()"}}],
                               refetch={"initial": "1d", **refetch}, politeness={"delay": 0, "concurrency": 1})
@@ -352,7 +331,7 @@ def test_slow_hosts_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl
         config(**({"budget": f"{per_day}/d"} if limit == "budget" else {}))
         for server in (fast, slow, slower):
             server.clear_log()
-        result = crawl(tmp_path / "shelf.yaml", store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": DAY + 60},
+        result = crawl(tmp_path / "library.yaml", store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": DAY + 60},
                        args={"pages": per_day} if limit == "pages" else {})
         pages = lambda server: [r["t"] for r in server.requests if r["path"] != "/robots.txt"]  # noqa: E731
         print(f"Crawl-delay {crawl_delay}: slow hosts {len(pages(slow))} and {len(pages(slower))}, "
@@ -494,22 +473,26 @@ class LibrarySite:
     """A home page listing ``documents`` documents that never change: more
     is due than a small budget pays for, and nothing fails (every page
     request the server answers is one fetch of the budget). Each document
-    takes ``seconds`` to serve."""
+    takes ``seconds`` to serve; robots.txt may ask a ``crawl_delay``. The
+    pages name their host, so that two libraries are no duplicates."""
 
-    def __init__(self, documents: int = 100, seconds: float = 0.0) -> None:
+    def __init__(self, documents: int = 100, seconds: float = 0.0, crawl_delay: float | None = None) -> None:
         self.documents = documents
         self.seconds = seconds
+        self.crawl_delay = crawl_delay
 
     def render(self, path, host="", headers=None, step=None):
         html = {"Content-Type": "text/html; charset=utf-8"}
         if path == "/robots.txt":
-            return DemoResponse(200, {"Content-Type": "text/plain"}, b"User-agent: *\nDisallow:\n")
+            delay = f"Crawl-delay: {self.crawl_delay:g}\n" if self.crawl_delay else ""
+            return DemoResponse(200, {"Content-Type": "text/plain"}, f"User-agent: *\nDisallow:\n{delay}".encode())
         if path == "/":
             links = " ".join(f'<a href="/doc/{i}">{i}</a>' for i in range(self.documents))
-            return DemoResponse(200, html, f"<html><body>{links}</body></html>".encode())
+            return DemoResponse(200, html, f"<html><body><p>{host}</p>{links}</body></html>".encode())
         if path.startswith("/doc/") and path[5:].isdigit() and int(path[5:]) < self.documents:
             time.sleep(self.seconds)
-            return DemoResponse(200, html, f"<html><body><h1>Document {path[5:]}</h1></body></html>".encode())
+            body = f"<html><body><h1>Document {path[5:]}</h1><p>{host}</p></body></html>"
+            return DemoResponse(200, html, body.encode())
         return DemoResponse(404, html, b"<h1>Not found</h1>")
 
 

@@ -1046,6 +1046,7 @@ class FrontierScheduler(BaseScheduler):
 
     def _pop(self) -> Request | None:
         downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
+        keeps_turns = self._spendable() < math.inf  # a run that can end before all it claimed is fetched
         skipped: list[str] = []  # hosts passed over while they wait out a delay
         for _ in range(len(self._hosts)):
             host = self._hosts[0]
@@ -1056,7 +1057,7 @@ class FrontierScheduler(BaseScheduler):
             slot = existing_slot(downloader, host)
             busy = self._on_the_way_per_host[host] + (len(slot_active(slot)) if slot is not None else 0)
             if busy >= (slot_concurrency(slot) if slot is not None else self._concurrency):
-                if self._waits_out_a_delay(host, slot, busy):
+                if keeps_turns and self._waits_out_a_delay(host, slot, busy):
                     skipped.append(host)
                 continue  # the host is busy; serve the next one
             if not self._committable(queue[0][2]):
@@ -1065,9 +1066,10 @@ class FrontierScheduler(BaseScheduler):
             if not self.barren.hand_out(queue[0][2]):
                 self.stats.inc_value("vertical/scheduler/family_waits")
                 continue  # its family's budget is taken by first fetches under way
-            if self._kept_for_others(host):
-                continue
-            self._owe_turns(host, skipped)
+            if keeps_turns:
+                if self._kept_for_others(host):
+                    continue
+                self._owe_turns(host, skipped)
             record = heapq.heappop(queue)[2]
             self._queued.discard(record.fingerprint)
             self._claimed_at.pop(record.fingerprint, None)
@@ -1121,10 +1123,7 @@ class FrontierScheduler(BaseScheduler):
     def _owe_turns(self, host: str, skipped: list[str]) -> None:
         """``host`` takes a turn: the busy hosts passed over on the way,
         waiting out a delay, are owed one each (at most what they have
-        queued), and one it was owed is paid. Kept only where a run can end
-        before all it claimed is fetched."""
-        if self._spendable() == math.inf:
-            return
+        queued), and one it was owed is paid."""
         for other in skipped:
             self._turns_owed[other] = min(self._turns_owed[other] + 1, len(self._queues[other]))
         if self._turns_owed[host] > 1:
