@@ -635,12 +635,15 @@ class SQLiteHostTurns:
         delay)."""
         with self._write() as db:
             now = time.time()
+            # The ends first: a host's last end may be its robots.txt's, sent
+            # before its Crawl-delay was read, and its delay must not stand
+            # for the request in flight there, sent with the Crawl-delay.
+            self._used(db, site, owner, ends, now)
             for host, token, delay, lease in flight:
                 done, last_delay, quiet = self._state(db, site, host)
                 db.execute("INSERT OR REPLACE INTO flight (site, host, token, lease) VALUES (?, ?, ?, ?)",
                            (site, host, token, now + lease))
                 self._put(db, site, host, done, max(delay, last_delay), quiet)
-            self._used(db, site, owner, ends, now)
             db.execute("UPDATE members SET solo = 0 WHERE site = ? AND owner = ?", (site, owner))
 
     def leave(self, site: str, owner: str, used: Mapping[str, tuple[float, float]] | None = None) -> None:

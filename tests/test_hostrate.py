@@ -342,6 +342,30 @@ def test_a_process_alone_on_a_sqlite_store_goes_solo_and_shares_when_another_joi
     store.close()
 
 
+def test_a_solo_process_shares_the_crawl_delay_of_its_request_in_flight(tmp_path):
+    """A solo process's robots.txt went with the site's delay, its page then
+    with the host's Crawl-delay, and another joins while that page is in
+    flight: the joiner, not knowing the Crawl-delay yet, waits it out after
+    the page all the same (its robots.txt came 0.3 s after another's page at
+    a Crawl-delay of 2 s when the share wrote the robots.txt's end last)."""
+    path = tmp_path / "frontier.sqlite3"
+    store, a, b = SQLiteFrontier(path), SQLiteHostTurns(str(path)), SQLiteHostTurns(str(path))
+    for owner in ("A", "B"):
+        store.heartbeat("s", owner, 60, {})
+    site_delay, crawl_delay, lease = 0.05, 1.0, 30
+    assert a.renew("s", "A") == (False, {}) and a.go_solo("s", "A") == {}
+    assert b.renew("s", "B")[0]
+    assert a.renew("s", "A")[0]
+    robots_ended = time.time() - crawl_delay  # long enough ago for the page to go
+    a.share("s", "A", [("h", f"A{TOKEN_SEP}1", crawl_delay, lease)], {"h": (robots_ended, site_delay)})
+    page_ended = a.end("s", "h", f"A{TOKEN_SEP}1")
+    take_until_granted(b, f"B{TOKEN_SEP}1", delay=site_delay, concurrency=1, lease=lease)
+    assert time.time() >= page_ended + crawl_delay
+    for turns in (a, b):
+        turns.close()
+    store.close()
+
+
 def member_of(turns, owner: str, **columns) -> None:
     """Make ``owner``'s membership look as if another process wrote it."""
     with sqlite3.connect(turns.path) as db:
