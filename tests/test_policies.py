@@ -45,6 +45,7 @@ from vertical.policies.oracle import (
 )
 from vertical.policies.priority import DuePriority, LevelPriority, OpicPriority, ScentPriority, UniformPriority
 from vertical.policies.refetch import (
+    BROUGHT_KEY,
     CHECKING_KEY,
     PROBING_KEY,
     RATE_KEY,
@@ -792,6 +793,38 @@ def test_a_claim_brought_forward_to_check_the_sitemap_goes_before_the_backlog():
     s.set_fetched(page, now + 3600, changed=True)
     assert CHECKING_KEY not in page.extra and counts(page.extra) == (0, 0, 0.0, 0.0)
     assert s.sitemap_truth.pages == 1
+
+
+def test_a_page_its_sitemap_brought_forward_goes_before_the_pages_merely_due():
+    """Once the site's lastmods proved true, a reading brings forward the
+    pages whose fetch now is worth its price (BROUGHT_KEY), and ``due``
+    serves them before the pages merely due: a crawl days behind its due
+    times would serve them as late as if they had not been brought. A page
+    not worth it is left to its schedule, and the fetch ends the precedence."""
+    now = 60 * DAY
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=2 * DAY)
+    for i in range(TRUST_AFTER):
+        _claimed(s, rec_at(rec(100 + i, level=2), 30 * DAY), changed=True)
+    weekly, soon = rec_at(rec(1, level=2), 50 * DAY), rec_at(rec(2, level=2), 50 * DAY)
+    for page, due_at in ((weekly, 70 * DAY), (soon, now + 3600)):  # soon: an hour's wait is not worth 2 days
+        page.visits, page.next_fetch, page.extra[RATE_KEY] = 3, due_at, 1 / (7 * DAY)
+    due, written = s.sitemap_read([(weekly, 55 * DAY), (soon, 55 * DAY)], now)
+    assert due == [weekly] and weekly in written
+    assert BROUGHT_KEY in weekly.extra and CHECKING_KEY not in weekly.extra and BROUGHT_KEY not in soon.extra
+    backlog = rec(3, level=2)
+    backlog.visits, backlog.next_fetch = 3, 50 * DAY  # ten days overdue
+    p = DuePriority()
+    weekly.next_fetch = now
+    p.on_due_now(weekly)
+    p.on_fetched(backlog, 0.0, ())
+    assert p.effective(weekly) > p.effective(backlog)
+    home = rec(4, level=0)
+    home.visits, home.next_fetch = 9, now
+    p.on_due_now(home)
+    assert p.effective(weekly) < p.effective(home)  # the entry pages still first
+    s.set_fetched(weekly, now + 3600, changed=True)
+    p.on_fetched(weekly, 0.0, ())
+    assert BROUGHT_KEY not in weekly.extra and p.effective(weekly) < p.effective(backlog)
 
 
 def test_due_serves_announced_pages_first_until_their_first_fetch():

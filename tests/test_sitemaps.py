@@ -581,6 +581,56 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path
         assert all(listed[p][0] == 1 and listed[p][2] == pytest.approx(start - DAY) for p in paths[16:]), listed
 
 
+def test_pages_a_sitemap_brings_forward_go_before_the_backlog(tmp_path):
+    """Forty pages, none due for three days after its fetch. Run 2, a day
+    after run 1, checks the claims of twenty pages whose lastmod moved
+    (their fetches find them changed: the site's lastmods tell the truth).
+    Run 3, three and a half days after run 1, when the twenty pages run 2
+    did not fetch are overdue: the sitemap dates a change of four pages run
+    2 fetched, not due for another half day. They are brought forward and go
+    before the backlog: a run of six pages fetches its entry page, those
+    four and the one page handed out while the sitemap was being read
+    (without the precedence, six of the backlog)."""
+    start = time.time()
+    paths = [f"/p{i}" for i in range(40)]
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             **{p: (200, page(p, "as first written")) for p in paths}}
+    stamps = dict.fromkeys(paths, start - DAY)
+    pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+    store = tmp_path / "f.sqlite3"
+    with small_site_server(pages) as server:
+        site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
+                          refetch={"schedule": "optimal", "initial": "3d", "min": "3d"},
+                          politeness={"delay": 0, "concurrency": 1},
+                          documents=[{"name": "doc", "match": r"/p\d+$", "fields": {"text": "//p/text()"}}])
+        crawl(site, store, tmp_path, tag="1")
+        checked = paths[:TRUST_AFTER]
+        for p in checked:
+            pages[p] = (200, page(p, "as of run 2"))
+            stamps[p] = start + DAY / 2
+        pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+        server.log.clear()
+        crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": DAY})
+        assert sorted(p for p in server.log if p in stamps) == sorted(checked)
+        moved = paths[:4]
+        for p in moved:
+            pages[p] = (200, page(p, "as of run 3"))
+            stamps[p] = start + 3.25 * DAY
+        pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+        server.log.clear()
+        # Paced, so that the pages handed out before the reading is taken in
+        # are one whatever the load of the machine.
+        site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
+                          refetch={"schedule": "optimal", "initial": "3d", "min": "3d"},
+                          politeness={"delay": 0.5, "concurrency": 1},
+                          documents=[{"name": "doc", "match": r"/p\d+$", "fields": {"text": "//p/text()"}}])
+        third = crawl(site, store, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": 3.5 * DAY},
+                      args={"pages": 2 + len(moved)})
+        fetched = [p for p in server.log if p in stamps]
+    assert third.stat("vertical/sitemap/lastmod_due") == len(moved)
+    assert set(moved) <= set(fetched) and len(fetched) == 1 + len(moved)
+
+
 @pytest.mark.parametrize(("end", "every"), [("kill", 0), ("term", 1)])
 def test_what_a_crawl_learned_of_the_sitemap_survives_its_kill(tmp_path, end, every):
     """The fetches that check a sitemap's claims teach the site's share of

@@ -758,14 +758,17 @@ class FrontierScheduler(BaseScheduler):
             moved = sum(1 for r in known if changed_after(lastmods[r.fingerprint], r.fetch_time, now))
             self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
             due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
-            self.stats.inc_value("vertical/sitemap/lastmod_left", moved - len(due))
+            # Brought forward: not those due already (a page listed in two
+            # sitemaps, brought by the first reading).
+            forward = sum(1 for r in due if r.next_fetch > now)
+            self.stats.inc_value("vertical/sitemap/lastmod_left", moved - forward)
             if not due and not written:
                 return 0
             for record in due:  # their priority as pages due now
                 record.next_fetch = min(record.next_fetch, now)
                 self.priority.on_due_now(record)
             changed = list({id(r): r for r in (*written, *due)}.values())
-            return self._call(write, changed, [r.fingerprint for r in due]).addCallback(lambda _: brought(len(due)))
+            return self._call(write, changed, [r.fingerprint for r in due]).addCallback(lambda _: brought(forward))
 
         def write(changed: list[URLRecord], due: list[int]) -> None:  # on the store thread
             # What the reading taught first, so that a page fetched at once

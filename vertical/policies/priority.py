@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vertical.policies.base import PriorityPolicy
-from vertical.policies.refetch import CHECKING_KEY, PROBING_KEY
+from vertical.policies.refetch import BROUGHT_KEY, CHECKING_KEY, PROBING_KEY
 from vertical.record import URLRecord
 
 __all__ = ["DuePriority", "LevelPriority", "OpicPriority", "ScentPriority", "UniformPriority"]
@@ -65,7 +65,10 @@ class DuePriority(PriorityPolicy):
     times would serve it days late, when any page has changed. So does a
     page brought forward to check whether the site's sitemap lastmods tell
     the truth (:data:`~vertical.policies.refetch.CHECKING_KEY`): until they
-    are checked the sitemap is worth nothing, however long the backlog."""
+    are checked the sitemap is worth nothing, however long the backlog. And
+    so does a page a sitemap's lastmod brought forward
+    (:data:`~vertical.policies.refetch.BROUGHT_KEY`): its fetch was judged
+    worth its price now, not after the backlog."""
 
     name = "due"
 
@@ -81,7 +84,7 @@ class DuePriority(PriorityPolicy):
             boost = 2 * LEVEL_SPAN
         elif record.level <= self.levels and not record.visits:
             boost = LEVEL_SPAN
-        elif self.probes and (PROBING_KEY in record.extra or CHECKING_KEY in record.extra):
+        elif self.probes and any(key in record.extra for key in (PROBING_KEY, CHECKING_KEY, BROUGHT_KEY)):
             boost = LEVEL_SPAN / 2
         else:
             boost = 0.0

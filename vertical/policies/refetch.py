@@ -66,6 +66,10 @@ PROBING_KEY = "probing"
 #: Set in ``record.extra`` when the next visit of a page checks its sitemap
 #: claim while the site's lastmods are not yet known to be true or false.
 CHECKING_KEY = "checking"
+#: Set in ``record.extra`` when a sitemap's lastmod brought the page forward
+#: (:meth:`OptimalSchedule.sitemap_moved`): until its next visit it goes
+#: before the pages merely due.
+BROUGHT_KEY = "brought"
 #: Until fetches checked the sitemap claims of this many of a site's pages,
 #: one reading brings forward at most this many: a sitemap that dates every
 #: page "now" would otherwise make the whole site due at its first reading.
@@ -236,7 +240,7 @@ class OptimalSchedule(FetchSchedule):
     """
 
     name = "optimal"
-    sitemap_keys = (CLAIM_KEY, CHECKING_KEY, LISTED_KEY, RATE_KEY)
+    sitemap_keys = (BROUGHT_KEY, CLAIM_KEY, CHECKING_KEY, LISTED_KEY, RATE_KEY)
 
     def __init__(
         self,
@@ -609,7 +613,14 @@ class OptimalSchedule(FetchSchedule):
         the pages worth fetching now (:meth:`sitemap_due`) are returned,
         with the records noted. Until :data:`TRUST_AFTER` of the site's
         pages had their claims checked, at most that many are brought
-        forward: those a fetch buys most for."""
+        forward: those a fetch buys most for.
+
+        A page brought forward is flagged (:data:`BROUGHT_KEY`) to go before
+        the pages merely due: what its fetch buys was weighed against the
+        wait until it was due, and a crawl running behind its due times
+        would serve it behind all of them, as late as a page never brought.
+        (In the simulator, at 0.02 to 0.2 fetches a page a day on sites
+        whose sitemaps date changes, up to 1.2 points of freshness.)"""
         claimed: list[URLRecord] = []
         worth: list[tuple[float, URLRecord]] = []
         # Until the site's lastmods were checked, a few claims are fetched
@@ -633,12 +644,13 @@ class OptimalSchedule(FetchSchedule):
                 worth.append((value, record))
         if learning:
             worth = nlargest(TRUST_AFTER, worth, key=lambda pair: pair[0])
-            noted = {id(record) for record in claimed}
-            for _, record in worth:
-                if CHECKING_KEY not in record.extra:
-                    record.extra[CHECKING_KEY] = 1
-                    if id(record) not in noted:
-                        claimed.append(record)
+        noted = {id(record) for record in claimed}
+        for _, record in worth:
+            flags = (BROUGHT_KEY, CHECKING_KEY) if learning else (BROUGHT_KEY,)
+            if any(flag not in record.extra for flag in flags):
+                record.extra.update(dict.fromkeys(flags, 1))
+                if id(record) not in noted:
+                    claimed.append(record)
         return [record for _, record in worth], claimed
 
     def _changed_anyway(self, record: URLRecord, interval: float) -> float:
@@ -730,6 +742,7 @@ class OptimalSchedule(FetchSchedule):
                                        first_rendered=self.min_delay)
         probed = record.extra.pop(PROBING_KEY, None)
         checking = record.extra.pop(CHECKING_KEY, None)
+        record.extra.pop(BROUGHT_KEY, None)
         if anyway is not None:
             before = record.extra.get(CLAIMS_KEY)
             after = check_claim(record.extra, changed, anyway)
