@@ -825,6 +825,10 @@ def test_a_page_its_sitemap_brought_forward_goes_before_the_pages_merely_due():
     s.set_fetched(weekly, now + 3600, changed=True)
     p.on_fetched(weekly, 0.0, ())
     assert BROUGHT_KEY not in weekly.extra and p.effective(weekly) < p.effective(backlog)
+    # A page brought forward that answers 404 is rechecked as gone pages are, not first.
+    weekly.extra[BROUGHT_KEY] = 1
+    s.set_gone(weekly, now + 4 * 3600)
+    assert BROUGHT_KEY not in weekly.extra
 
 
 def test_due_serves_announced_pages_first_until_their_first_fetch():

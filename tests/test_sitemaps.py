@@ -582,17 +582,19 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path
 
 
 def test_pages_a_sitemap_brings_forward_go_before_the_backlog(tmp_path):
-    """Forty pages, none due for three days after its fetch. Run 2, a day
-    after run 1, checks the claims of twenty pages whose lastmod moved
-    (their fetches find them changed: the site's lastmods tell the truth).
-    Run 3, three and a half days after run 1, when the twenty pages run 2
-    did not fetch are overdue: the sitemap dates a change of four pages run
-    2 fetched, not due for another half day. They are brought forward and go
-    before the backlog: a run of six pages fetches its entry page, those
-    four and the one page handed out while the sitemap was being read
-    (without the precedence, six of the backlog)."""
+    """A hundred and twenty pages, none due for three days after its fetch.
+    Run 2, a day after run 1, checks the claims of twenty pages whose
+    lastmod moved (their fetches find them changed: the site's lastmods
+    tell the truth). Run 3, three and a half days after run 1, when the
+    hundred pages run 2 did not fetch are overdue: the sitemap dates a
+    change of four pages run 2 fetched, not due for another half day. They
+    are brought forward and go before the backlog, which run 3 claimed
+    before its reading and holds beyond its queue's target: a run of six
+    pages fetches its entry page, those four and the one page handed out
+    while the sitemap was being read (without the precedence, five of the
+    backlog; with it but without room made in the queue, the same)."""
     start = time.time()
-    paths = [f"/p{i}" for i in range(40)]
+    paths = [f"/p{i}" for i in range(120)]
     pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
              **{p: (200, page(p, "as first written")) for p in paths}}
     stamps = dict.fromkeys(paths, start - DAY)
@@ -629,6 +631,40 @@ def test_pages_a_sitemap_brings_forward_go_before_the_backlog(tmp_path):
         fetched = [p for p in server.log if p in stamps]
     assert third.stat("vertical/sitemap/lastmod_due") == len(moved)
     assert set(moved) <= set(fetched) and len(fetched) == 1 + len(moved)
+
+
+def test_a_page_failing_or_gone_is_not_brought_forward_again_by_its_lastmod(tmp_path):
+    """Run 2 fetches the pages whose lastmod moved since run 1: one answers
+    500 (its backoff: an hour), one 404 (gone). Run 3, ten minutes later,
+    reads the same lastmods, still after their last good fetch: the failing
+    page waits out its backoff and the gone one its recheck (a reading
+    brought both again, overriding the backoff at every reading)."""
+    start = time.time()
+    paths = ["/ok", "/fails", "/gone"]
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             **{p: (200, page(p, "as first written")) for p in paths}}
+    stamps = dict.fromkeys(paths, start - DAY)
+    pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+    store = tmp_path / "f.sqlite3"
+    with small_site_server(pages) as server:
+        site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
+                          refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"},
+                          politeness={"delay": 0, "concurrency": 1},
+                          documents=[{"name": "doc", "match": r"/\w+$", "fields": {"text": "//p/text()"}}])
+        crawl(site, store, tmp_path, tag="1")
+        pages["/ok"] = (200, page("/ok", "as of run 2"))
+        pages["/fails"], pages["/gone"] = (500, b"down"), (404, b"gone")
+        stamps = dict.fromkeys(paths, start + DAY / 2)
+        pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+        server.log.clear()
+        crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": DAY})
+        assert set(paths) <= set(server.log)
+        server.log.clear()
+        third = crawl(site, store, tmp_path, tag="3",  # a TTL of 0: read again whenever read last
+                      settings={"VERTICAL_TIME_OFFSET": DAY + 600, "VERTICAL_SITEMAP_TTL": 0})
+        assert "/sitemap.xml" in server.log
+        assert not set(paths) & set(server.log)
+    assert third.stat("vertical/sitemap/lastmod_due") == 0
 
 
 @pytest.mark.parametrize(("end", "every"), [("kill", 0), ("term", 1)])

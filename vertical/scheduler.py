@@ -86,7 +86,7 @@ from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, Unsui
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.estimate import changed_after
-from vertical.record import FETCHED, FORBIDDEN, NEW, TRAP, URLRecord
+from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
 from vertical.sitemaps import META_SITEMAP, reading_done, reading_key, take_reading
@@ -733,9 +733,10 @@ class FrontierScheduler(BaseScheduler):
         schedule's ``sitemap_read``). One whose lastmod did not move keeps
         its ``next_fetch``: the schedule decides, the sitemap never brings
         it sooner. A lastmod later than now (a skewed clock) says nothing:
-        taken at its word it would make the page due at every reading. What
-        the lastmods say of each page's changes is the schedule's to keep
-        too. Fires with how many known pages were brought forward."""
+        taken at its word it would make the page due at every reading. A
+        page gone, parked or failing is left to its recheck or its backoff.
+        What the lastmods say of each page's changes is the schedule's to
+        keep too. Fires with how many known pages were brought forward."""
         entries = list(entries)
         lastmods: dict[int, float] = {}
         now = self.now()
@@ -751,7 +752,10 @@ class FrontierScheduler(BaseScheduler):
         site = self.site.name
 
         def fetched() -> list[URLRecord]:  # on the store thread
-            return [r for r in self.frontier.get_many(site, lastmods).values() if r.visits]
+            # Not a page gone, parked or failing: its recheck or its
+            # backoff decides when it is asked again, not its lastmod.
+            return [r for r in self.frontier.get_many(site, lastmods).values()
+                    if r.visits and r.state not in (GONE, FORBIDDEN, TRAP) and not r.extra.get("failures")]
 
         def worth(known: list[URLRecord]) -> Deferred[int] | int:
             # The schedule's state lives on the reactor: decide here.
@@ -760,8 +764,8 @@ class FrontierScheduler(BaseScheduler):
             due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
             # Brought forward: not those due already (a page listed in two
             # sitemaps, brought by the first reading).
-            forward = sum(1 for r in due if r.next_fetch > now)
-            self.stats.inc_value("vertical/sitemap/lastmod_left", moved - forward)
+            forward = Counter(r.host for r in due if r.next_fetch > now)
+            self.stats.inc_value("vertical/sitemap/lastmod_left", moved - forward.total())
             if not due and not written:
                 return 0
             for record in due:  # their priority as pages due now
@@ -782,10 +786,11 @@ class FrontierScheduler(BaseScheduler):
             if due:
                 self.frontier.make_due(site, due, now, 0.0)
 
-        def brought(count: int) -> int:
-            if not count:
+        def brought(forward: Counter[str]) -> int:
+            if not (count := forward.total()):
                 return 0
             self.stats.inc_value("vertical/sitemap/lastmod_due", count)
+            self._make_room(forward)
             self._stored()
             self._next_poll = 0.0
             return count
@@ -1014,6 +1019,23 @@ class FrontierScheduler(BaseScheduler):
         self._queues[host], excess = queue[:target], queue[target:]  # a sorted list is a heap
         self._release([r.fingerprint for *_, r in excess])
         self.stats.inc_value("vertical/scheduler/trimmed", len(excess))
+
+    def _make_room(self, brought: Counter[str]) -> None:
+        """Give back the least urgent records held of each host, as many as
+        it has pages just brought forward (by a sitemap's lastmod) beyond
+        its queue's room. A host held at its target is left out of the
+        claims until its queue runs down: the pages brought forward, due
+        first, would wait behind what was claimed before them, in a run
+        that ends (a budget) until the next run."""
+        for host, count in brought.items():
+            queue = self._queues.get(host)
+            if not queue or (excess := len(queue) + count - self._host_target(host)) <= 0:
+                continue
+            queue.sort()
+            keep = max(len(queue) - excess, 0)
+            self._queues[host], back = queue[:keep], queue[keep:]  # a sorted list is a heap
+            self._release([r.fingerprint for *_, r in back])
+            self.stats.inc_value("vertical/scheduler/made_room", len(back))
 
     def _capped(self, host: str) -> bool:
         cap = self.site.traps.max_pages_per_host

@@ -727,6 +727,12 @@ class OptimalSchedule(FetchSchedule):
     def clamp(self, delay: float) -> float:
         return min(self.longest, max(self.min_delay, delay))
 
+    def set_gone(self, record: URLRecord, now: float) -> None:
+        # Rechecked as a gone page, not first: no probe, no claim to check.
+        for flag in (PROBING_KEY, CHECKING_KEY, BROUGHT_KEY):
+            record.extra.pop(flag, None)
+        super().set_gone(record, now)
+
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
         hub = self.is_hub(record)
         # A sitemap's claim is checked against the odds of a change by the
