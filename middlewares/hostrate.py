@@ -33,7 +33,9 @@ What callers can rely on:
   is sent after a grant ``delay`` later on Redis's clock: so the arrivals are
   more than ``delay`` apart by causality alone, with no margin for lateness.
   Of two consecutive requests, the larger of their processes' delays holds
-  (one that has read a ``Crawl-delay`` binds the next one of another).
+  (one that has read a ``Crawl-delay`` binds the next one of another); a
+  robots.txt, sent before its process knows the ``Crawl-delay``, passes
+  the last one's on to the next.
 * **The concurrency.** No more than the slot's concurrency are in flight at a
   host across all processes (one while there is a delay); a request is in
   flight from its grant until its download ends.
@@ -134,6 +136,7 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import sleep
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import task
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.python.failure import Failure
@@ -223,7 +226,9 @@ end
 """
 
 # ARGV: token, delay, concurrency, lease, busy poll, state margin (seconds),
-# and "1" when the request is held while the host asked to be left alone.
+# "1" when the request is held while the host asked to be left alone, and
+# "1" when its delay is the host's as its process knows it ("0": a
+# robots.txt, whose turn leaves the last one's delay, when longer, to the next).
 # Returns {wait, expired, held}: wait "0" when the turn is granted, else the
 # seconds to wait before asking again; expired, the turns of others that ran
 # out; held, 1 when the wait is the one the host asked for.
@@ -278,7 +283,9 @@ elseif flying >= tonumber(ARGV[3]) then
 end
 if wait > 0 then return {seconds(wait), cleared, 0} end
 redis.call("ZADD", KEYS[2], string.format("%.6f", now + tonumber(ARGV[4])), ARGV[1])
-redis.call("HSET", KEYS[1], "delay", ARGV[2])
+local own = ARGV[2]
+if ARGV[8] == "0" and state[2] and tonumber(state[2]) > tonumber(own) then own = state[2] end
+redis.call("HSET", KEYS[1], "delay", own)
 keep(now, done, delay, quiet, tonumber(ARGV[6]))
 return {"0", cleared, 0}
 """
@@ -351,7 +358,7 @@ class RedisHostTurns:
         return [base, f"{base}:flight", f"{self.prefix}:{{{site}}}:owners"]
 
     def take(self, site: str, host: str, token: str, *, delay: float, concurrency: int,
-             lease: float, holdable: bool = True) -> tuple[float, int, bool]:
+             lease: float, holdable: bool = True, sets_delay: bool = True) -> tuple[float, int, bool]:
         """Take a turn at ``host`` for ``token`` if it is free now.
 
         Returns ``(wait, expired, held)``: ``wait`` is 0 when the turn is
@@ -359,11 +366,16 @@ class RedisHostTurns:
         asking again (never later than the earliest moment it could be
         granted); ``expired`` counts the turns of dead processes cleared
         meanwhile; ``held`` is true when the wait is one the host asked for
-        (:meth:`hold`), which applies only to a ``holdable`` request.
+        (:meth:`hold`), which applies only to a ``holdable`` request. The
+        next turn waits the larger of this one's ``delay`` and its own,
+        unless this one does not ``sets_delay`` (a robots.txt, sent before
+        its process knows the host's Crawl-delay): then the larger of the
+        last turn's and this one's.
         """
         wait, expired, held = self._take(keys=self.keys(site, host),
                                          args=[token, repr(delay), concurrency, repr(lease), repr(BUSY_POLL),
-                                               repr(STATE_MARGIN), "1" if holdable else "0"])
+                                               repr(STATE_MARGIN), "1" if holdable else "0",
+                                               "1" if sets_delay else "0"])
         return float(wait), int(expired), bool(held)
 
     def end(self, site: str, host: str, token: str) -> float:
@@ -656,7 +668,7 @@ class SQLiteHostTurns:
     # -- turns ----------------------------------------------------------------
 
     def take(self, site: str, host: str, token: str, *, delay: float, concurrency: int,
-             lease: float, holdable: bool = True) -> tuple[float, int, bool]:
+             lease: float, holdable: bool = True, sets_delay: bool = True) -> tuple[float, int, bool]:
         """As :meth:`RedisHostTurns.take`; and while another member of the
         site is solo (it has not seen this one yet), not before it has shared."""
         with self._write() as db:
@@ -696,7 +708,7 @@ class SQLiteHostTurns:
                 return wait, cleared, False
             db.execute("INSERT OR REPLACE INTO flight (site, host, token, lease) VALUES (?, ?, ?, ?)",
                        (site, host, token, now + lease))
-            self._put(db, site, host, done, delay, quiet)
+            self._put(db, site, host, done, delay if sets_delay else delay_now, quiet)
             return 0.0, cleared, False
 
     def end(self, site: str, host: str, token: str) -> float:
@@ -884,11 +896,16 @@ class HostRateMiddleware:
             # alone: they go back to the store; robots.txt and sitemaps are
             # fetched as before.
             holdable = META_RECORD in request.meta
+            # A robots.txt goes before its process knows the host's
+            # Crawl-delay: its turn does not shorten the one another process
+            # read (three starting at once sent theirs 0.3 s apart at a
+            # Crawl-delay of 2 s).
+            sets_delay = urlparse_cached(request).path != "/robots.txt"
             waited = False
             while True:
                 wait, expired, held = await self._retrying(
                     host, lambda: self._ask(site, host, token, delay=delay, concurrency=concurrency, lease=lease,
-                                            holdable=holdable))
+                                            holdable=holdable, sets_delay=sets_delay))
                 if expired:
                     self.stats.inc_value("vertical/hostrate/expired", expired)
                 if held:
@@ -922,7 +939,7 @@ class HostRateMiddleware:
             if not answer.called:
                 (answer.errback if isinstance(result, Failure) else answer.callback)(result)
             elif not isinstance(result, Failure) and result[0] <= 0:
-                self._give_back(site, _Turn(host, token), leave=False)
+                self._give_back(site, _Turn(host, token, kwargs["delay"]), leave=False)
         asked.addBoth(arrived)
         return answer
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from scrapy import signals
+from twisted.internet.defer import CancelledError, Deferred
 
 from middlewares.hostrate import BUSY_POLL, MEMBER_RENEW, STATE_MARGIN, TOKEN_SEP, RedisHostTurns, SQLiteHostTurns
 from tests.crawling import crawl, kill, site_file, wait_for
@@ -206,6 +207,28 @@ def test_with_a_delay_a_turn_starts_a_delay_after_the_previous_download_ended(ho
     refused, _ = take_until_granted(turns, "b", delay=delay, concurrency=4, lease=lease)
     assert refused >= 1
     assert host_turns.granted_at("b", lease) >= ended + delay
+
+
+def test_a_robots_txt_turn_leaves_the_crawl_delay_it_does_not_know_to_the_next(host_turns):
+    """A process that read the host's Crawl-delay fetched a page there; two
+    others start and send their robots.txt, with the site's delay (they
+    know no other yet). The first waits the Crawl-delay after the page (the
+    larger of the two delays), and so does the second after the first: its
+    robots.txt turn did not shorten the delay for the next (three processes
+    starting at once sent theirs 0.3 s apart at a Crawl-delay of 2 s). A
+    page's turn, whose process knows the host's delay, sets it."""
+    turns = host_turns.turns
+    site_delay, crawl_delay, lease = 0.05, 0.5, 30.0
+    assert turns.take("s", "h", "page", delay=crawl_delay, concurrency=1, lease=lease)[0] == 0
+    ended = turns.end("s", "h", "page")
+    for robots in ("robots-1", "robots-2"):
+        take_until_granted(turns, robots, delay=site_delay, concurrency=1, lease=lease, sets_delay=False)
+        assert host_turns.granted_at(robots, lease) >= ended + crawl_delay
+        ended = turns.end("s", "h", robots)
+    take_until_granted(turns, "short", delay=site_delay, concurrency=1, lease=lease)
+    ended = turns.end("s", "h", "short")
+    wait, _, _ = turns.take("s", "h", "next", delay=site_delay, concurrency=1, lease=lease)
+    assert wait <= site_delay
 
 
 def test_without_a_delay_at_most_the_concurrency_is_in_flight(host_turns):
@@ -763,6 +786,25 @@ def test_the_reactor_runs_while_a_turn_waits_for_a_stopped_redis(tmp_path):
     gaps = min_gap_per_host(every)
     assert all(gap >= delay - CLOCK for gap in gaps.values()), gaps
     assert results[AGENTS[0]].stat("vertical/hostrate/granted") == len(every)
+
+
+def test_a_turn_granted_to_a_request_cancelled_meanwhile_is_given_back():
+    """A request cancelled while its take is out (the crawl closing): a turn
+    granted meanwhile is given back at once, not held by every process until
+    its lease runs out (its ``_Turn`` lacked the delay and raised instead)."""
+    from middlewares.hostrate import HostRateMiddleware
+
+    rate = HostRateMiddleware.__new__(HostRateMiddleware)
+    rate.turns = SQLiteHostTurns(":memory:")  # not opened: asked through _call, below
+    asked: Deferred = Deferred()
+    rate._call = lambda fn, *args, **kwargs: asked
+    given = []
+    rate._give_back = lambda site, turn, leave: given.append((site, turn.host, turn.token, leave))
+    answer = rate._ask("s", "h", "t", delay=1.0, concurrency=1, lease=30.0)
+    answer.addErrback(lambda failure: failure.trap(CancelledError))
+    answer.cancel()
+    asked.callback((0.0, 0, False))  # granted after all
+    assert given == [("s", "h", "t", False)]
 
 
 def test_a_place_at_a_host_is_handed_over_to_the_next_waiter():
