@@ -822,9 +822,12 @@ def test_a_page_its_sitemap_brought_forward_goes_before_the_pages_merely_due():
     home.visits, home.next_fetch = 9, now
     p.on_due_now(home)
     assert p.effective(weekly) < p.effective(home)  # the entry pages still first
+    lateness, probe_lateness = s.lateness, s.probe_lateness
     s.set_fetched(weekly, now + 3600, changed=True)
     p.on_fetched(weekly, 0.0, ())
     assert BROUGHT_KEY not in weekly.extra and p.effective(weekly) < p.effective(backlog)
+    # Served first, as probes: it says how late they come, not the others.
+    assert s.lateness == lateness and s.probe_lateness > probe_lateness
     # A page brought forward that answers 404 is rechecked as gone pages are, not first.
     weekly.extra[BROUGHT_KEY] = 1
     s.set_gone(weekly, now + 4 * 3600)

@@ -748,7 +748,7 @@ class OptimalSchedule(FetchSchedule):
                                        first_rendered=self.min_delay)
         probed = record.extra.pop(PROBING_KEY, None)
         checking = record.extra.pop(CHECKING_KEY, None)
-        record.extra.pop(BROUGHT_KEY, None)
+        brought = record.extra.pop(BROUGHT_KEY, None)
         if anyway is not None:
             before = record.extra.get(CLAIMS_KEY)
             after = check_claim(record.extra, changed, anyway)
@@ -757,10 +757,11 @@ class OptimalSchedule(FetchSchedule):
         if not first and now >= record.next_fetch:
             # How far behind their due times the visits come (a moving mean
             # over the last ~100), and apart from them the probes (~20), which
-            # the due priority serves first: a probe comes no sooner than that.
-            # A visit made early, with budget that would idle, says nothing of it.
+            # the due priority serves first, as the pages a sitemap brought:
+            # a probe comes no sooner than that. A visit made early, with
+            # budget that would idle, says nothing of it.
             late = now - record.next_fetch
-            if probed:
+            if probed or brought or checking:
                 self.probe_lateness += 0.05 * (late - self.probe_lateness)
             else:
                 self.lateness += 0.01 * (late - self.lateness)
