@@ -519,6 +519,21 @@ def _stamped(paths: Sequence[str], stamps: dict[str, float]) -> bytes:
             + "</urlset>").encode()
 
 
+def stamped_site(paths: Sequence[str], stamps: dict[str, float]) -> dict[str, tuple[int, bytes]]:
+    """A site of ``paths`` as first written, and a sitemap dating each ``stamps[path]``."""
+    return {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+            **{p: (200, page(p, "as first written")) for p in paths}, "/sitemap.xml": (200, _stamped(paths, stamps))}
+
+
+def stamped_config(tmp_path: Path, server: SmallSite, *, delay: float = 0.0,
+                   refetch: dict[str, str] | None = None, match: str = r"/p\d+$") -> Path:
+    """The config of :func:`stamped_site`: its sitemap named, no page due for three days."""
+    return small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
+                      refetch=refetch or {"schedule": "optimal", "initial": "3d", "min": "3d"},
+                      politeness={"delay": delay, "concurrency": 1},
+                      documents=[{"name": "doc", "match": match, "fields": {"text": "//p/text()"}}])
+
+
 @pytest.mark.parametrize("sitemap, backend", [("tells", "sqlite"), ("lies", "sqlite"), ("lies", "redis")])
 def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path, sitemap, backend):
     """Forty pages, none due by its schedule for three days; runs a day
@@ -532,17 +547,12 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path
     40). The lies on both stores: the claims are written to the records."""
     start = time.time()
     paths = [f"/p{i}" for i in range(40)]
-    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
-             **{p: (200, page(p, "as first written")) for p in paths}}
     stamps = dict.fromkeys(paths, start - DAY)
-    pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+    pages = stamped_site(paths, stamps)
     store = request.getfixturevalue("redis_url") if backend == "redis" else f"sqlite:///{tmp_path / 'f.sqlite3'}"
     fetched = []
     with small_site_server(pages) as server:
-        site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
-                          refetch={"schedule": "optimal", "initial": "3d", "min": "3d"},
-                          politeness={"delay": 0, "concurrency": 1},
-                          documents=[{"name": "doc", "match": r"/p\d+$", "fields": {"text": "//p/text()"}}])
+        site = stamped_config(tmp_path, server)
         crawl(site, store, tmp_path, tag="1")
         assert set(paths) <= set(server.log)
         for run in (2, 3):
@@ -595,16 +605,11 @@ def test_pages_a_sitemap_brings_forward_go_before_the_backlog(tmp_path):
     backlog; with it but without room made in the queue, the same)."""
     start = time.time()
     paths = [f"/p{i}" for i in range(120)]
-    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
-             **{p: (200, page(p, "as first written")) for p in paths}}
     stamps = dict.fromkeys(paths, start - DAY)
-    pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+    pages = stamped_site(paths, stamps)
     store = tmp_path / "f.sqlite3"
     with small_site_server(pages) as server:
-        site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
-                          refetch={"schedule": "optimal", "initial": "3d", "min": "3d"},
-                          politeness={"delay": 0, "concurrency": 1},
-                          documents=[{"name": "doc", "match": r"/p\d+$", "fields": {"text": "//p/text()"}}])
+        site = stamped_config(tmp_path, server)
         crawl(site, store, tmp_path, tag="1")
         checked = paths[:TRUST_AFTER]
         for p in checked:
@@ -622,10 +627,7 @@ def test_pages_a_sitemap_brings_forward_go_before_the_backlog(tmp_path):
         server.log.clear()
         # Paced, so that the pages handed out before the reading is taken in
         # are one whatever the load of the machine.
-        site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
-                          refetch={"schedule": "optimal", "initial": "3d", "min": "3d"},
-                          politeness={"delay": 0.5, "concurrency": 1},
-                          documents=[{"name": "doc", "match": r"/p\d+$", "fields": {"text": "//p/text()"}}])
+        site = stamped_config(tmp_path, server, delay=0.5)
         third = crawl(site, store, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": 3.5 * DAY},
                       args={"pages": 2 + len(moved)})
         fetched = [p for p in server.log if p in stamps]
@@ -641,16 +643,12 @@ def test_a_page_failing_or_gone_is_not_brought_forward_again_by_its_lastmod(tmp_
     brought both again, overriding the backoff at every reading)."""
     start = time.time()
     paths = ["/ok", "/fails", "/gone"]
-    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
-             **{p: (200, page(p, "as first written")) for p in paths}}
     stamps = dict.fromkeys(paths, start - DAY)
-    pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+    pages = stamped_site(paths, stamps)
     store = tmp_path / "f.sqlite3"
     with small_site_server(pages) as server:
-        site = small_site(tmp_path, "stamped", server.url, sitemaps=[f"{server.url}/sitemap.xml"],
-                          refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"},
-                          politeness={"delay": 0, "concurrency": 1},
-                          documents=[{"name": "doc", "match": r"/\w+$", "fields": {"text": "//p/text()"}}])
+        site = stamped_config(tmp_path, server, refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"},
+                              match=r"/\w+$")
         crawl(site, store, tmp_path, tag="1")
         pages["/ok"] = (200, page("/ok", "as of run 2"))
         pages["/fails"], pages["/gone"] = (500, b"down"), (404, b"gone")
@@ -680,10 +678,8 @@ def test_what_a_crawl_learned_of_the_sitemap_survives_its_kill(tmp_path, end, ev
     only what is new)."""
     start = time.time()
     paths = [f"/p{i}" for i in range(40)]
-    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
-             **{p: (200, page(p, "as first written")) for p in paths}}
     stamps = dict.fromkeys(paths, start - DAY)
-    pages["/sitemap.xml"] = (200, _stamped(paths, stamps))
+    pages = stamped_site(paths, stamps)
     store = f"sqlite:///{tmp_path / 'f.sqlite3'}"
     changed = paths[:8]
 
