@@ -764,17 +764,20 @@ class FrontierScheduler(BaseScheduler):
             due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
             # Brought forward: not those due already (a page listed in two
             # sitemaps, brought by the first reading).
-            forward = Counter(r.host for r in due if r.next_fetch > now)
-            self.stats.inc_value("vertical/sitemap/lastmod_left", moved - forward.total())
+            forward = sum(1 for r in due if r.next_fetch > now)
+            self.stats.inc_value("vertical/sitemap/lastmod_left", moved - forward)
             if not due and not written:
                 return 0
             for record in due:  # their priority as pages due now
                 record.next_fetch = min(record.next_fetch, now)
                 self.priority.on_due_now(record)
             changed = list({id(r): r for r in (*written, *due)}.values())
-            return self._call(write, changed, [r.fingerprint for r in due]).addCallback(lambda _: brought(forward))
+            claim = forward if not self._closing else 0
+            d = self._call(write, changed, [r.fingerprint for r in due], claim, self._held_back())
+            return d.addCallback(partial(brought, forward, time.monotonic()))
 
-        def write(changed: list[URLRecord], due: list[int]) -> None:  # on the store thread
+        def write(changed: list[URLRecord], due: list[int], claim: int,
+                  held: list[str]) -> list[URLRecord]:  # on the store thread
             # What the reading taught first, so that a page fetched at once
             # has its claim checked. Not on a page fetched since the read:
             # that fetch saw the change, and a claim written after it would
@@ -785,12 +788,26 @@ class FrontierScheduler(BaseScheduler):
             # process fetched since the read above is not brought forward.
             if due:
                 self.frontier.make_due(site, due, now, 0.0)
+            if not claim:
+                return []
+            # Claimed here, highest priority first (they are, bar entry
+            # pages): claimed by the next refill, they came after what this
+            # process held and handed out meanwhile (21 pages in 0.25 s), or
+            # not at all while it held its target of their host.
+            return self.frontier.claim_due(site, self.owner, now, self.lease, claim, self.lane,
+                                           exclude_hosts=held, fetched_before=self.fetched_before)
 
-        def brought(forward: Counter[str]) -> int:
-            if not (count := forward.total()):
+        def brought(count: int, asked: float, records: list[URLRecord]) -> int:
+            if not count:
                 return 0
             self.stats.inc_value("vertical/sitemap/lastmod_due", count)
-            self._make_room(forward)
+            if records:
+                held = {host: len(self._queues.get(host, ())) for host in {r.host for r in records}}
+                self._claimed(records, asked, False)
+                for host, before in held.items():
+                    # Their room: the least urgent of what was held goes back.
+                    self._trim_host(host, max(before, self._host_target(host)))
+                self._wake_engine()
             self._stored()
             self._next_poll = 0.0
             return count
@@ -1008,34 +1025,18 @@ class FrontierScheduler(BaseScheduler):
             target = max(target, int(spendable))
         return target
 
-    def _trim_host(self, host: str) -> None:
-        """Give back what this process holds of a host beyond its target (a
-        Crawl-delay read after the claim), the least urgent first."""
+    def _trim_host(self, host: str, target: int | None = None) -> None:
+        """Give back what this process holds of a host beyond ``target``
+        (by default its target: a Crawl-delay read after the claim), the
+        least urgent first."""
         queue = self._queues.get(host)
-        target = self._host_target(host)
+        target = self._host_target(host) if target is None else target
         if queue is None or len(queue) <= target:
             return
         queue.sort()
         self._queues[host], excess = queue[:target], queue[target:]  # a sorted list is a heap
         self._release([r.fingerprint for *_, r in excess])
         self.stats.inc_value("vertical/scheduler/trimmed", len(excess))
-
-    def _make_room(self, brought: Counter[str]) -> None:
-        """Give back the least urgent records held of each host, as many as
-        it has pages just brought forward (by a sitemap's lastmod) beyond
-        its queue's room. A host held at its target is left out of the
-        claims until its queue runs down: the pages brought forward, due
-        first, would wait behind what was claimed before them, in a run
-        that ends (a budget) until the next run."""
-        for host, count in brought.items():
-            queue = self._queues.get(host)
-            if not queue or (excess := len(queue) + count - self._host_target(host)) <= 0:
-                continue
-            queue.sort()
-            keep = max(len(queue) - excess, 0)
-            self._queues[host], back = queue[:keep], queue[keep:]  # a sorted list is a heap
-            self._release([r.fingerprint for *_, r in back])
-            self.stats.inc_value("vertical/scheduler/made_room", len(back))
 
     def _capped(self, host: str) -> bool:
         cap = self.site.traps.max_pages_per_host

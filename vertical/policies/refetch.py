@@ -728,10 +728,21 @@ class OptimalSchedule(FetchSchedule):
         return min(self.longest, max(self.min_delay, delay))
 
     def set_gone(self, record: URLRecord, now: float) -> None:
-        # Rechecked as a gone page, not first: no probe, no claim to check.
+        self._unflag(record)
+        super().set_gone(record, now)
+
+    def set_failed(self, record: URLRecord, now: float) -> None:
+        self._unflag(record)
+        super().set_failed(record, now)
+
+    @staticmethod
+    def _unflag(record: URLRecord) -> None:
+        """A page gone or failing is rechecked after its backoff, not first:
+        its probe, its check of a claim (the claim stays noted for the next
+        good fetch) or its sitemap's bringing it forward are over. Going
+        first, a page answering 500 for good cost three requests a run."""
         for flag in (PROBING_KEY, CHECKING_KEY, BROUGHT_KEY):
             record.extra.pop(flag, None)
-        super().set_gone(record, now)
 
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
         hub = self.is_hub(record)
