@@ -829,10 +829,14 @@ def test_a_page_its_sitemap_brought_forward_goes_before_the_pages_merely_due():
     # Served first, as probes: it says how late they come, not the others.
     assert s.lateness == lateness and s.probe_lateness > probe_lateness
     # A page brought forward that answers 404 or 500 is rechecked after its backoff, not first.
-    for answered in (s.set_gone, s.set_failed):
-        weekly.extra[BROUGHT_KEY] = 1
-        answered(weekly, now + 4 * 3600)
-        assert BROUGHT_KEY not in weekly.extra
+    weekly.extra[BROUGHT_KEY], weekly.next_fetch = 1, now
+    p.on_due_now(weekly)
+    s.set_failed(weekly, now + 4 * 3600)
+    p.on_failed(weekly)
+    assert BROUGHT_KEY not in weekly.extra and p.effective(weekly) < p.effective(backlog)
+    weekly.extra[BROUGHT_KEY] = 1
+    s.set_gone(weekly, now + 5 * 3600)
+    assert BROUGHT_KEY not in weekly.extra
 
 
 def test_due_serves_announced_pages_first_until_their_first_fetch():

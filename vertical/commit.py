@@ -261,6 +261,7 @@ class FrontierCommit:
         record.extra["failures"] = record.extra.get("failures", 0) + 1
         record.extra["failed_at"] = now
         self.scheduler.schedule.set_failed(record, now)
+        self.scheduler.priority.on_failed(record)
 
     def page_parked(self, record: URLRecord, state: str, until: float, reason: str | None = None, *,
                     answered: bool = False) -> None:

@@ -150,6 +150,11 @@ class PriorityPolicy(ABC):
         ``next_fetch`` is now: a sitemap dated a change): its priority may
         change. Here it does not."""
 
+    def on_failed(self, record: URLRecord) -> None:
+        """A fetch of ``record`` failed (a 5xx or network error after the
+        retries; its ``next_fetch`` is now its backoff): its priority may
+        change. Here it does not."""
+
     def effective(self, record: URLRecord) -> float:
         """The priority to compare now (policies with a global offset add it)."""
         return record.priority

@@ -99,6 +99,9 @@ class DuePriority(PriorityPolicy):
     def on_due_now(self, record: URLRecord) -> None:
         self._set(record)
 
+    def on_failed(self, record: URLRecord) -> None:
+        self._set(record)  # by its backoff, and no more first if it was
+
 
 #: Seconds of fetch time one level outweighs: more than any Unix time for
 #: millennia, so the level always decides first.
