@@ -772,7 +772,9 @@ class FrontierScheduler(BaseScheduler):
                 record.next_fetch = min(record.next_fetch, now)
                 self.priority.on_due_now(record)
             changed = list({id(r): r for r in (*written, *due)}.values())
-            claim = forward if not self._closing else 0
+            # No more than the run can still fetch: held, the rest would wait
+            # for the end of the run while other processes took the backlog.
+            claim = int(min(forward, max(self._spendable(), 0))) if not self._closing else 0
             d = self._call(write, changed, [r.fingerprint for r in due], claim, self._held_back())
             return d.addCallback(partial(brought, forward, time.monotonic()))
 
