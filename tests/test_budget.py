@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 from functools import partial
-from pathlib import Path
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
