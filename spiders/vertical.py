@@ -45,11 +45,12 @@ from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
 from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut, read_sitemap,
-                               sitemap_body, sitemap_max_size, sitemap_wanted)
+                               reading_lease, sitemap_body, sitemap_max_size, sitemap_wanted)
 from vertical.urls import canonicalize, host_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
+    from twisted.internet.interfaces import IDelayedCall
     from typing_extensions import Self
 
     from vertical.config import DocumentRule, SecondStage, SiteConfig
@@ -167,6 +168,10 @@ class VerticalSpider(Spider):
         self._sitemap_roots: set[str] = set()  # named by the config or robots.txt
         self._feeds: dict[str, list[str]] = {}  # entry page URL -> the feeds it announces now
         self._sitemap_loop: task.LoopingCall | None = None
+        # Sitemap URL -> (depth, when first asked): being read by another
+        # process, asked again until its reading is over or died with it.
+        self._read_elsewhere: dict[str, tuple[int, float]] = {}
+        self._elsewhere_call: IDelayedCall | None = None
         self.sitemap_ttl = 0.0  # VERTICAL_SITEMAP_TTL and friends, set in from_crawler
         self.sitemap_depth = 0
         self.sitemap_max_size = 0
@@ -237,6 +242,8 @@ class VerticalSpider(Spider):
     def _sitemaps_closed(self) -> None:
         if self._sitemap_loop is not None and self._sitemap_loop.running:
             self._sitemap_loop.stop()
+        if self._elsewhere_call is not None and self._elsewhere_call.active():
+            self._elsewhere_call.cancel()
 
     def _read_sitemaps_again(self) -> None:
         """The sitemaps named by the config, robots.txt or an entry page whose
@@ -274,13 +281,17 @@ class VerticalSpider(Spider):
                 wanted.append(url)
         return list(dict.fromkeys(wanted))
 
-    def _sitemap_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None) -> Deferred[list[Request]]:
+    def _sitemap_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None,
+                       again: bool = False) -> Deferred[list[Request]]:
         """The requests that read those of sitemaps ``urls`` whose time has
         come: read by no process of the site within ``min_age`` seconds (by
         default half a TTL, whatever asks: a robots.txt read again, an index
         listing it; with a TTL of 0 this process reads each once a run) and
         not being read by another; and of an index read lately, those of its
-        sitemaps whose time has come."""
+        sitemaps whose time has come. A sitemap another process is reading
+        is asked for again (``again``) until that reading is over: killed,
+        the other would leave it, and an index's unread sitemaps, unread for
+        a day."""
         scheduler = self._scheduler
         now = scheduler.now()
         ttl = self.sitemap_ttl
@@ -288,7 +299,7 @@ class VerticalSpider(Spider):
         asked = []
         for url in dict.fromkeys(urls):
             last = self._sitemaps.get(url)
-            if last is not None and (ttl <= 0 or now - last < min_age):
+            if not again and last is not None and (ttl <= 0 or now - last < min_age):
                 continue
             self._sitemaps[url] = now
             asked.append(url)
@@ -296,15 +307,28 @@ class VerticalSpider(Spider):
             return succeed([])
 
         def leased(readings: dict[str, dict[str, Any]]) -> list[Request] | Deferred[list[Request]]:
-            requests, listed = [], []
+            requests, listed, elsewhere_now = [], [], []
             for url, reading in readings.items():
                 began = granted(reading, scheduler.owner)
+                elsewhere = self._read_elsewhere.pop(url, None)
                 if began is None:
-                    # Read lately, or being read, by another process or run:
-                    # not asked for again before its time. An index's
-                    # sitemaps may not have been (its process killed since).
+                    read = reading.get("read")
+                    read = read if isinstance(read, (int, float)) else None
+                    held = reading_lease(reading)
+                    first = now if elsewhere is None else elsewhere[1]
+                    if held is not None and held[0] != scheduler.owner and (read is None or read < first):
+                        # Being read by another process, and not read since
+                        # this one first asked: asked again in a while.
+                        self._read_elsewhere[url] = (depth, first)
+                        if elsewhere is None:
+                            self.crawler.stats.inc_value("vertical/sitemap/read_elsewhere")
+                            elsewhere_now.append(url)
+                        continue
+                    # Read lately by another process or run: not asked for
+                    # again before its time. An index's sitemaps may not
+                    # have been (its process killed since).
                     self.crawler.stats.inc_value("vertical/sitemap/read_lately")
-                    if isinstance(read := reading.get("read"), (int, float)) and read < now:
+                    if read is not None and read < now:
                         self._sitemaps[url] = read
                     listed.extend(reading.get("children", ()))
                     continue
@@ -315,11 +339,38 @@ class VerticalSpider(Spider):
                                               META_SITEMAP: (depth, began, reading.get("children", [])),
                                               "download_maxsize": self.sitemap_max_size,
                                               "download_warnsize": self.sitemap_max_size}))
+            if elsewhere_now:
+                logger.info("%d sitemap(s) being read by another process, asked again until read (%s)",
+                            len(elsewhere_now), elsewhere_now[0])
+            self._ask_elsewhere_later()
             if not listed:
                 return requests
             return self._index_reads(listed, depth + 1, min_age).addCallback(lambda more: requests + more)
 
         return scheduler.lease_sitemaps(asked, min_age).addCallback(leased)
+
+    def _ask_elsewhere_later(self) -> None:
+        """Ask again, in a heartbeat, for the sitemaps other processes are
+        reading: a reading whose process died is void once its heartbeat
+        has run out (``take_reading``), and is this one's then."""
+        if not self._read_elsewhere or (self._elsewhere_call is not None and self._elsewhere_call.active()):
+            return
+        from twisted.internet import reactor
+
+        self._elsewhere_call = reactor.callLater(self._scheduler.heartbeat, self._ask_elsewhere)
+
+    def _ask_elsewhere(self) -> None:
+        engine = self.crawler.engine
+        if engine is None or engine.spider is None or self._scheduler.store_gone:
+            return
+        now = self._scheduler.now()
+        asks: dict[tuple[int, float], list[str]] = {}
+        for url, (depth, first) in self._read_elsewhere.items():
+            asks.setdefault((depth, first), []).append(url)
+        for (depth, first), urls in asks.items():
+            # Read since it was first asked for: that reading is the one left
+            # to the other process, whatever the TTL.
+            self._crawl_sitemaps(self._sitemap_reads(urls, depth, min_age=now - first, again=True))
 
     def _crawl_sitemaps(self, reads: Deferred[list[Request]]) -> None:
         def crawl(requests: list[Request]) -> None:

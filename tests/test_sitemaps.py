@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 from scrapy.http import Response, XmlResponse
 
-from tests.crawling import REPO, crawl, serving, site_file, small_site, start_crawl, wait_for
+from tests.crawling import REPO, collect, crawl, crawl_log, serving, site_file, small_site, start_crawl, wait_for
 from tests.test_incremental import records
 from tests.test_robots import SmallSite, _Handler, html
 from tests.test_robots import small_site as small_site_server
@@ -1029,3 +1029,47 @@ def test_a_gzip_sitemap_cut_short_is_read_whole_again(tmp_path):
     assert first.stat("vertical/sitemap/gzip_cut") == 1 and 0 < first.stat("vertical/sitemap/urls") < 300
     assert status == 200 and second.stat("vertical/sitemap/urls") == 300
     assert not second.stat("vertical/sitemap/gzip_cut")
+
+
+def test_a_sitemap_another_process_was_reading_when_killed_is_read_by_the_one_still_running(tmp_path):
+    """Process A reads an index, leases its two sitemaps and is SIGKILLed
+    while the first is on its way; process B, running meanwhile, had asked
+    for them and left them to A. B asks again until A's reading is over: once
+    A's heartbeat has run out, B reads the sitemap A left and crawls the
+    pages only it lists, in the same run (before, not until the next run
+    or a TTL later, a day)."""
+    def urlset(*paths: str) -> bytes:
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                + "".join(f"<url><loc>{p}</loc></url>" for p in paths) + "</urlset>").encode()
+
+    index = ('<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+             "<sitemap><loc>/sm1.xml</loc></sitemap><sitemap><loc>/sm2.xml</loc></sitemap></sitemapindex>")
+    stalled, other = [f"/p{i}" for i in range(3)], ["/q0", "/q1"]
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/index.xml": (200, index.encode()),
+             "/sm1.xml": (200, urlset(*stalled)), "/sm2.xml": (200, urlset(*other)),
+             **{p: (200, html()) for p in stalled + other}}
+    server = SmallSite(pages)
+    server.RequestHandlerClass = _Stalling
+    server.stalled, server.released = {"/sm1.xml"}, threading.Event()  # type: ignore[attr-defined]
+    store = tmp_path / "f.sqlite3"
+    heartbeat = {"VERTICAL_HEARTBEAT": 1}
+    with serving(server):
+        site = small_site(tmp_path, "killed", server.url, sitemaps=[f"{server.url}/index.xml"])
+        first = start_crawl(site, store, tmp_path / "a", settings=heartbeat)
+        second = None
+        try:
+            wait_for(lambda: "/sm1.xml" in server.log, timeout=120)
+            second = start_crawl(site, store, tmp_path / "b", settings=heartbeat,
+                                 args={"mode": "continuous", "seconds": 30})
+            wait_for(lambda: "being read by another process" in crawl_log(tmp_path / "b"), timeout=120)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=60)
+            server.released.set()  # type: ignore[attr-defined]
+        assert second is not None
+        _, stderr = second.communicate(timeout=180)
+        result = collect(tmp_path / "b", second.returncode, stderr=stderr)
+    assert result.returncode == 0 and "Traceback" not in result.log, result.log[-3000:]
+    assert server.log.count("/sm1.xml") == 2, server.log
+    assert set(stalled) <= set(server.log)
+    assert result.stat("vertical/sitemap/read_elsewhere") >= 1
