@@ -518,6 +518,34 @@ def test_a_lastmod_without_its_hour_on_the_day_of_the_fetch_may_be_a_change_afte
     assert not s.sitemap_due(page, day10, 11 * DAY)
 
 
+def test_a_date_without_its_hour_seen_before_the_fetch_dates_no_change_after_it():
+    """A sitemap dates a page "day 10" at a reading at 06:00 that day; the
+    page is fetched at 07:00. Read again at 08:00 and 20:00, the same date
+    tells nothing of a change after that fetch (a change later that day
+    would show the same date): no claim, however cheap a fetch. The next
+    day's date is one again, as is the same date for a page last fetched
+    before the reading that first showed it."""
+    from vertical.policies.estimate import dates_a_change, observe_listed
+
+    day10 = 10 * DAY
+    page = rec(1, level=2)
+    page.visits, page.fetch_time, page.next_fetch = 2, 9 * DAY, 40 * DAY
+    assert observe_listed(page.extra, day10, day10 + 6 * 3600, None)  # first seen at 06:00
+    assert dates_a_change(page.extra, day10, page.fetch_time, day10 + 6 * 3600) == 1.0  # fetched the day before
+    page.fetch_time = day10 + 7 * 3600
+    for now in (day10 + 8 * 3600, day10 + 20 * 3600):
+        assert not observe_listed(page.extra, day10, now, day10 + 6 * 3600)  # not moved: no change counted
+        assert dates_a_change(page.extra, day10, page.fetch_time, now) == 0.0
+    assert dates_a_change(page.extra, day10 + DAY, page.fetch_time, day10 + DAY + 3600) == 1.0
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=1e-6)  # a fetch all but free
+    page.extra[CLAIMS_KEY] = 20.0  # its lastmods have always proved true
+    assert s.sitemap_read([(page, day10)], day10 + 20 * 3600)[0] == []
+    fresh = rec(2, level=2)
+    fresh.visits, fresh.fetch_time, fresh.next_fetch = 2, day10 + 7 * 3600, 40 * DAY
+    fresh.extra[CLAIMS_KEY] = 20.0
+    assert s.sitemap_read([(fresh, day10)], day10 + 20 * 3600)[0] == [fresh]  # 13/20 of the day after its fetch
+
+
 def rec_at(page: URLRecord, fetched: float) -> URLRecord:
     """``page`` fetched once, at ``fetched``."""
     page.visits, page.fetch_time = 1, fetched

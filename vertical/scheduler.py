@@ -85,7 +85,7 @@ from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
-from vertical.policies.estimate import changed_after
+from vertical.policies.estimate import dates_a_change
 from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
@@ -725,8 +725,9 @@ class FrontierScheduler(BaseScheduler):
         timestamp or None. New URLs are discovered at level 1 (announced, as
         a link from an entry page would be: the seen test and the trap guards
         apply). A known page whose lastmod is after its last fetch (or a
-        date without its hour on the day of that fetch: it may be, see
-        :func:`~vertical.policies.estimate.changed_after`) has changed
+        date without its hour on the day of that fetch, until a fetch after
+        a reading that showed it: see
+        :func:`~vertical.policies.estimate.dates_a_change`) has changed
         since: it is due now, unless the schedule judges the fetch not worth
         its price before the page is due anyway (a page that changes too
         fast to keep fresh, or whose lastmod moves without its content: the
@@ -759,7 +760,7 @@ class FrontierScheduler(BaseScheduler):
 
         def worth(known: list[URLRecord]) -> Deferred[int] | int:
             # The schedule's state lives on the reactor: decide here.
-            moved = sum(1 for r in known if changed_after(lastmods[r.fingerprint], r.fetch_time, now))
+            moved = sum(1 for r in known if dates_a_change(r.extra, lastmods[r.fingerprint], r.fetch_time, now))
             self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
             due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
             # Brought forward: not those due already (a page listed in two

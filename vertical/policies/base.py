@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from vertical.policies.estimate import changed_after
+from vertical.policies.estimate import dates_a_change
 from vertical.record import URLRecord
 
 
@@ -101,7 +101,8 @@ class FetchSchedule(ABC):
         not, is due now, and nothing is written. (A date without its hour on
         the day of the fetch may be either: taken as "after" whatever the
         odds, it brought the page again at every reading of that day.)"""
-        return [record for record, lastmod in listed if changed_after(lastmod, record.fetch_time, now) >= 0.5], []
+        return [record for record, lastmod in listed
+                if dates_a_change(record.extra, lastmod, record.fetch_time, now) >= 0.5], []
 
     @abstractmethod
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:

@@ -70,9 +70,11 @@ __all__ = [
     "cho_irregular",
     "cho_regular",
     "counts",
+    "dates_a_change",
     "granularity",
     "history",
     "listed_history",
+    "listed_moved",
     "observe_listed",
     "observe_modified",
     "parse_http_date",
@@ -354,6 +356,28 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
     return False
 
 
+def listed_moved(held: float, lastmod: float) -> bool:
+    """Whether a sitemap's ``lastmod`` moved from the one :data:`LISTED_KEY`
+    holds (``held``, the end of its window as first seen). A date without its
+    hour held as seen during its day ends later than it starts: the same
+    date, read again that day, has not moved."""
+    return lastmod > held or (lastmod == held and granularity(lastmod) > 0)
+
+
+def dates_a_change(extra: MutableMapping[str, Any], lastmod: float, fetched: float, now: float,
+                   rate: float = 0.0) -> float:
+    """The odds that a sitemap read at ``now`` dates, with ``lastmod``, a
+    change of the page after its fetch at ``fetched`` (see
+    :func:`changed_after`), but none for a lastmod the page's sitemaps
+    already showed before that fetch (:data:`LISTED_KEY`): a date without
+    its hour that does not move tells nothing of a change later that day,
+    and at every reading of the day it brought the page again."""
+    obs = extra.get(LISTED_KEY)
+    if obs is not None and fetched >= float(obs[2]) and not listed_moved(float(obs[2]), lastmod):
+        return 0.0
+    return changed_after(lastmod, fetched, now, rate)
+
+
 def observe_listed(extra: MutableMapping[str, Any], lastmod: float, now: float, previous: float | None) -> bool:
     """A sitemap read at ``now`` lists the page with ``lastmod``;
     ``previous`` is when it was read before (None: not known). Adds what that
@@ -379,14 +403,14 @@ def observe_listed(extra: MutableMapping[str, Any], lastmod: float, now: float, 
     as such a Last-Modified does."""
     if lastmod > now or now - lastmod < RENDERED:
         return False
-    lastmod = _window_end(lastmod, now)
     obs = extra.get(LISTED_KEY)
+    if obs is not None and not listed_moved(float(obs[2]), lastmod):
+        return False
+    lastmod = _window_end(lastmod, now)
     if obs is None:
         extra[LISTED_KEY] = [1, 0.0, lastmod]
         return True
     old = float(obs[2])
-    if lastmod <= old:
-        return False
     held = lastmod if previous is None else min(max(previous, old), lastmod)
     obs[0] += 1
     obs[1] += held - old

@@ -34,8 +34,10 @@ from vertical.policies.estimate import (
     changed_after,
     cho_irregular,
     counts,
+    dates_a_change,
     history,
     listed_history,
+    listed_moved,
     observe,
     observe_listed,
     observe_modified,
@@ -584,8 +586,10 @@ class OptimalSchedule(FetchSchedule):
             if now - lastmod < RENDERED:
                 # The time the sitemap was generated (on request): no claim, no change.
                 continue
+            # Before this reading's observation moves what the page holds.
+            odds = dates_a_change(record.extra, lastmod, record.fetch_time, now)
             kept = record.extra.get(LISTED_KEY)
-            if kept is not None and lastmod <= kept[2]:
+            if kept is not None and not listed_moved(float(kept[2]), lastmod):
                 pass  # the lastmod did not move: nothing to add, nothing to write
             elif self.sitemap_trust(record) < TRUST_FLOOR:
                 # Not weighed (see posterior): not kept either, or a sitemap
@@ -598,7 +602,7 @@ class OptimalSchedule(FetchSchedule):
                     # What set_budget weighs it at, with what the sitemap said.
                     record.extra[RATE_KEY] = self.prior(record).mean(self.posterior(record))
                 written[id(record)] = record
-            if changed_after(lastmod, record.fetch_time, now) > 0:
+            if odds > 0:
                 moved.append((record, lastmod))
         due, claimed = self.sitemap_moved(moved, now)
         for record in claimed:
