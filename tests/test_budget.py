@@ -352,7 +352,8 @@ def test_slow_hosts_get_the_fetches_a_run_would_give_them_anyway(tmp_path, crawl
 
 def test_allowance_starts_with_a_day_and_fills_at_the_budget_rate():
     state = draw(None, 10, now=1000.0, per_day=24.0)  # none stored yet: a full day
-    assert state == {"tokens": 14.0, "at": 1000.0, "drawn": 10.0, "pace": 1.0, "spent": [[0.0, 10.0]]}
+    assert state == {"tokens": 14.0, "at": 1000.0, "drawn": 10.0, "pace": 1.0,
+                     "spent": [[0.0, 10.0, 1000.0, 1000.0]]}
     state = draw(state, 30, now=1000.0 + 3600.0, per_day=24.0)  # an hour later: one more
     assert state["drawn"] == 15.0 and state["tokens"] == pytest.approx(0.0)
     # Whole fetches only: half an hour accrues half of one.
@@ -398,7 +399,7 @@ def test_allowance_is_a_pure_function_of_what_is_stored():
     assert stored == {"tokens": 3.5, "at": 50.0, "drawn": 1.0}
     # Something else under the key (a hand-edited store): a full day again.
     assert draw("junk", 1, now=0.0, per_day=10.0) == {"tokens": 9.0, "at": 0.0, "drawn": 1.0, "pace": 1.0,
-                                                       "spent": [[0.0, 1.0]]}
+                                                       "spent": [[0.0, 1.0, 0.0, 0.0]]}
 
 
 def test_a_run_draws_a_hundredth_of_a_day_at_a_time():
@@ -446,17 +447,21 @@ def test_the_allowance_keeps_the_days_charges_by_the_hour():
     state = draw(state, 0, now=200.0, per_day=240.0, owed=2)  # retries made when nothing was held
     assert spent_day(state, 300.0) == 12.0
     state = draw(state, -4, now=3700.0, per_day=240.0)  # given back unspent, the next hour
-    assert state["spent"] == [[0.0, 8.0]] and spent_day(state, 3700.0) == 8.0
+    assert state["spent"] == [[0.0, 8.0, 100.0, 200.0]] and spent_day(state, 3700.0) == 8.0
     state = draw(state, 5, now=7300.0, per_day=240.0)
     state = draw(state, 0, now=7300.0, per_day=480.0, rise=240.0)  # a refit found more hosts
-    assert state["spent"] == [[0.0, 8.0], [7200.0, 5.0]]
-    # A day on: the first hour is half out of the window, then all of it.
-    assert spent_day(state, DAY + 1800.0) == pytest.approx(4.0 + 5.0)
-    assert spent_day(state, DAY + 3600.0) == 5.0
-    assert draw(state, 0, now=DAY + 3600.0, per_day=240.0)["spent"] == [[7200.0, 5.0]]
+    assert state["spent"] == [[0.0, 8.0, 100.0, 200.0], [7200.0, 5.0, 100.0, 100.0]]
+    # A day on, the first hour's share in the window is that of the span of
+    # its charges, 100 to 200 s into it (pro rata over the whole hour, a
+    # daily run shown 10 minutes after the next had spent 135% of its budget).
+    assert spent_day(state, DAY + 150.0) == pytest.approx(4.0 + 5.0)
+    assert spent_day(state, DAY + 1800.0) == 5.0
+    assert draw(state, 0, now=DAY + 3600.0, per_day=240.0)["spent"] == [[7200.0, 5.0, 100.0, 100.0]]
     assert spent_day(state, 3 * DAY) == 0.0
     # Given back more than the latest hour holds: the hours before it too.
-    assert draw(state, -7, now=7400.0, per_day=240.0)["spent"] == [[0.0, 6.0]]
+    assert draw(state, -7, now=7400.0, per_day=240.0)["spent"] == [[0.0, 6.0, 100.0, 200.0]]
+    # Charges kept without their span (an older store): over the whole hour.
+    assert spent_day({"spent": [[0.0, 8.0]]}, DAY + 1800.0) == pytest.approx(4.0)
     # A store written before the charges were kept shows none (not zero).
     assert spent_day({"tokens": 3.0, "at": 0.0, "drawn": 1.0}, 10.0) is None
 

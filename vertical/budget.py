@@ -44,10 +44,13 @@ DAY = 86400.0
 PACE_BURST = 10.0
 #: Site meta: the allowance, ``{"tokens": fetches left, "at": as of when,
 #: "drawn": what the last draw took, "pace": the pace bucket's fetches,
-#: "spent": [[hour, fetches charged in it], ...]}``.
+#: "spent": [[hour, fetches charged in it, first, last], ...]}``.
 ALLOWANCE_KEY = "allowance"
-#: The charges are kept by the hour (a day of them is a few hundred bytes
-#: in a value every draw writes).
+#: The charges are kept by the hour (a day of them is about a kilobyte in a
+#: value every draw writes), each with the seconds into its hour of its
+#: first and last charge: a daily run charges a few minutes of its hour,
+#: and a day later the hour's share in the day's window is that of those
+#: minutes, not of the hour.
 HOUR = 3600.0
 
 
@@ -225,26 +228,35 @@ def draw(stored: Any, want: float, now: float, per_day: float, paced: bool = Fal
 
 
 def _charges(stored: Any) -> list[list[float]]:
-    """The hours' charges a stored allowance holds, oldest first (none
-    from a store written before they were kept, or not ours)."""
+    """The hours' charges a stored allowance holds, oldest first, each as
+    ``[hour, fetches, first, last]`` (none from a store written before they
+    were kept, or not ours; the whole hour for a charge kept without its
+    span)."""
+    spent = []
     try:
-        spent = [[float(hour), float(n)] for hour, n in stored["spent"]]
-    except (TypeError, KeyError, ValueError):
+        for charge in stored["spent"]:
+            hour, n = float(charge[0]), float(charge[1])
+            first, last = (float(charge[2]), float(charge[3])) if len(charge) >= 4 else (0.0, HOUR)
+            spent.append([hour, n, first, last])
+    except (TypeError, KeyError, ValueError, IndexError):
         return []
-    return sorted(c for c in spent if math.isfinite(c[0]) and math.isfinite(c[1]))
+    return sorted(c for c in spent if all(map(math.isfinite, c)))
 
 
 def _charged(stored: Any, at: float, fetches: float) -> list[list[float]]:
     """The charges by the hour after ``fetches`` more at ``at`` (fewer, when
     negative: given back unspent, they come off the latest hours, where the
     run drew them), those over a day old dropped."""
-    spent = [c for c in _charges(stored) if c[0] + HOUR > at - DAY]
+    spent = [c for c in _charges(stored) if c[0] + c[3] > at - DAY]
     if fetches > 0:
         hour = math.floor(at / HOUR) * HOUR
+        into = float(round(at - hour))
         if spent and spent[-1][0] == hour:
-            spent[-1][1] += fetches
+            charge = spent[-1]
+            charge[1] += fetches
+            charge[2], charge[3] = min(charge[2], into), max(charge[3], into)
         else:
-            spent.append([hour, fetches])
+            spent.append([hour, fetches, into, into])
     back = -fetches
     for charge in reversed(spent):
         if back <= 0:
@@ -257,12 +269,17 @@ def _charged(stored: Any, at: float, fetches: float) -> list[list[float]]:
 
 def spent_day(stored: Any, now: float) -> float | None:
     """The fetches charged to a stored allowance in the day before ``now``
-    (the oldest hour's share of it pro rata): made, retried, resent, and
-    drawn by a run killed before it could give them back. None when the
-    store keeps no charges (written before they were)."""
+    (of the oldest hour's, the share of the span they were charged in):
+    made, retried, resent, and drawn by a run killed before it could give
+    them back. None when the store keeps no charges (written before they
+    were)."""
     if not isinstance(stored, dict) or "spent" not in stored:
         return None
-    total = 0.0
-    for hour, n in _charges(stored):
-        total += n * min(1.0, max(0.0, hour + HOUR - (now - DAY)) / HOUR)
+    total, start = 0.0, now - DAY
+    for hour, n, first, last in _charges(stored):
+        first, last = hour + first, hour + last
+        if first >= start:
+            total += n
+        elif last > start:
+            total += n * (last - start) / (last - first)
     return total
