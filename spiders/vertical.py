@@ -30,6 +30,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import Response, TextResponse
 from scrapy.spidermiddlewares.referer import RefererMiddleware
 from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.gz import gzip_magic_number
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
@@ -59,6 +60,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GONE_STATUSES = (404, 410)
+#: A sitemap's lastmod further ahead of the crawl's clock than this (a year)
+#: is no skewed clock's nor a date set for a page to come (9999-12-31): no
+#: date at all.
+LASTMOD_AHEAD_MAX = 365 * 86400.0
 META_COMPOSITE = "vertical.composite"
 META_STAGE_URL = "vertical.stage_url"
 META_STAGE_DONE = "vertical.stage_done"  # its answer has been counted
@@ -402,8 +407,19 @@ class VerticalSpider(Spider):
             scheduler.sitemap_read(url, began)
             self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
-        body = sitemap_body(response, self.sitemap_max_size) \
-            if response.status == 200 else None
+        if response.status != 200:
+            # A 404 or 410 (let through for pages): no sitemap there now.
+            logger.warning("Sitemap answered HTTP %d: %s", response.status, response.url)
+            stats.inc_value("vertical/sitemap/failed")
+            scheduler.sitemap_read(url, began)
+            return
+        body = sitemap_body(response, self.sitemap_max_size)
+        if body is None and gzip_magic_number(response):
+            logger.warning("Sitemap %s is a gzip file that is corrupt or inflates past %d bytes: not read",
+                           response.url, self.sitemap_max_size)
+            stats.inc_value("vertical/sitemap/unreadable")
+            scheduler.sitemap_read(url, began)
+            return
         kind, entries = read_sitemap(body, response.url) if body is not None else ("", [])
         if len(entries) > SITEMAP_MAX_ENTRIES:
             logger.warning("Sitemap %s lists more than %d entries: the rest is not read", response.url,
@@ -441,11 +457,17 @@ class VerticalSpider(Spider):
                 continue
             if sitemap_wanted(self.site, page, page=True):
                 pages.append((page, lastmod))
-        if any(lastmod is not None and lastmod > scheduler.now() for _, lastmod in pages):
+        now = scheduler.now()
+        if any(lastmod is not None and lastmod > now for _, lastmod in pages):
             # A lastmod not reached yet (the site's clock ahead) says nothing
             # now, and would never be read again behind a 304: no validators.
+            # One past LASTMOD_AHEAD_MAX is dropped, or every reading of the
+            # sitemap would be a whole one for good.
             stats.inc_value("vertical/sitemap/lastmod_ahead")
-            validators = {}
+            pages = [(page, None if lastmod is not None and lastmod > now + LASTMOD_AHEAD_MAX else lastmod)
+                     for page, lastmod in pages]
+            if any(lastmod is not None and lastmod > now for _, lastmod in pages):
+                validators = {}
         scheduler.sitemap_read(url, began, validators, after=scheduler.sitemap_entries(pages))
 
     def _index_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None) -> Deferred[list[Request]]:

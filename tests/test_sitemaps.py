@@ -74,6 +74,7 @@ def test_lastmod_formats_and_bodies_that_are_no_sitemap():
     assert lastmod_time("2024-01-02") == datetime(2024, 1, 2, tzinfo=UTC).timestamp()
     assert lastmod_time("2024-01-02T10:00:00+01:00") == datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp()
     assert lastmod_time("2024-01-02T09:00:00Z") == datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp()
+    assert lastmod_time("2024-01-02t09:00:00z") == datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp()  # RFC 3339
     assert lastmod_time("2024-03") == datetime(2024, 3, 1, tzinfo=UTC).timestamp()
     assert lastmod_time("yesterday") is None and lastmod_time(None) is None
     # A leap second: the second before it.
@@ -817,7 +818,7 @@ def test_a_url_listed_twice_is_dated_by_its_latest_lastmod(tmp_path):
              "/s.xml": (200, urlset([("/news/a", old), ("/news/b", old)]))}
     with serving(SmallSite(pages)) as server:
         site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
-                          refetch={"schedule": schedule, "initial": "2d", "min": "1h"})
+                          refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"})
         store = tmp_path / "f.sqlite3"
         crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
         pages["/s.xml"] = (200, urlset([("/news/a", moved), ("/news/a", old), ("/news/b", old), ("/news/b", moved)]))
@@ -951,7 +952,7 @@ def test_a_lastmod_ahead_of_the_clock_is_read_again_once_reached(tmp_path):
              "/s.xml": (200, urlset(now - 10 * DAY))}
     with serving(SmallSite(pages, etags=True)) as server:
         site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
-                          refetch={"schedule": schedule, "initial": "2d", "min": "1h"})
+                          refetch={"schedule": "adaptive", "initial": "2d", "min": "1h"})
         store = tmp_path / "f.sqlite3"
         runs = []
         for run, offset in enumerate((0.0, DAY, 1.75 * DAY)):
@@ -1076,3 +1077,29 @@ def test_a_sitemap_another_process_was_reading_when_killed_is_read_by_the_one_st
     assert server.log.count("/sm1.xml") == 2, server.log
     assert set(stalled) <= set(server.log)
     assert result.stat("vertical/sitemap/read_elsewhere") >= 1
+
+
+def test_a_sitemap_gone_a_gzip_bomb_and_a_lastmod_of_year_9999_are_each_named_and_cost_nothing_more(tmp_path):
+    """Three sitemaps, two runs that read each (a TTL of 0). One answers
+    404: a failed reading, said so (it was "not a sitemap"). One is a gzip
+    file inflating past the protocol's 50 MB: unreadable, said so. One dates
+    its page 9999-12-31: no date at all, so the next run's reading is a 304
+    on its ETag (a lastmod merely ahead of the clock drops the validators
+    until it is reached, which this one never is)."""
+    far = ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+           "<url><loc>/news/a</loc><lastmod>9999-12-31</lastmod></url></urlset>").encode()
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/news/a": (200, html()),
+             "/far.xml": (200, far), "/bomb.xml.gz": (200, gzip.compress(b"\0" * (60 << 20), compresslevel=1))}
+    with serving(SmallSite(pages, etags=True)) as server:
+        names = [f"{server.url}/{name}" for name in ("gone.xml", "bomb.xml.gz", "far.xml")]
+        site = small_site(tmp_path, "news", server.url, sitemaps=names)
+        results, statuses = [], []
+        for run in range(2):
+            results.append(crawl(site, tmp_path / "f.sqlite3", tmp_path, tag=str(run),
+                                 settings={"VERTICAL_SITEMAP_TTL": 0, "DOWNLOAD_MAXSIZE": 1 << 20}))
+            statuses.append(server.statuses["/far.xml"])
+    first = results[0]
+    assert first.stat("vertical/sitemap/failed") == 1 and "Sitemap answered HTTP 404" in first.log
+    assert first.stat("vertical/sitemap/unreadable") == 1 and "inflates past" in first.log
+    assert first.stat("vertical/sitemap/lastmod_ahead") == 1
+    assert statuses == [200, 304]

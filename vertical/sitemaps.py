@@ -115,7 +115,7 @@ def lastmod_time(value: str | None) -> float | None:
     or unreadable: a bad lastmod is no change signal."""
     if not value:
         return None
-    text = value.strip()
+    text = value.strip().upper()  # RFC 3339 allows "t" and "z"
     if len(text) in (4, 7):  # YYYY, YYYY-MM: the start of that year or month
         text += "-01" if len(text) == 7 else "-01-01"
     elif text[16:19] == ":60":  # a leap second, which datetime cannot hold
