@@ -205,6 +205,22 @@ def test_budget_left_when_nothing_is_due_goes_to_the_pages_due_soonest():
     assert fresh["0"] < fresh["1d"] < fresh["7d"]
 
 
+def test_a_budget_changed_on_a_running_crawl_is_spent_from_that_day():
+    """``earlier=(day, budget)``: that budget until that day, then the run's
+    (a site config whose ``refetch.budget`` was edited). The optimal
+    schedule spends each while it is in force, and is fitted to the new one
+    at once: the day after the change it spends no more than the new budget."""
+    scn = parse_scenario({**SMALL, "budget": {"fetches_per_day": [20.0]}, "seeds": [1]})
+    site = make_site(scn, 1)
+    spec = PolicySpec("optimal", "optimal", "due")
+    log = simulate(site, spec, 20.0, scn, earlier=(10.0, 200.0))
+    per_day = np.histogram(log.times, bins=np.arange(0, 21))[0]
+    assert per_day[2:10].min() > 150 and per_day[2:10].max() <= 201
+    assert per_day[10:].max() <= 21 and per_day[11:].min() >= 19
+    # Without it, the same run spends the later budget throughout.
+    assert np.histogram(simulate(site, spec, 20.0, scn).times, bins=np.arange(0, 21))[0].max() <= 21
+
+
 def test_site_budget_key_is_validated():
     with pytest.raises(ScenarioError, match="fetches_per_day"):
         parse_scenario({**SMALL, "budget": {"fetches_per_day": [40], "fetches_per_page_per_day": [1]}})

@@ -192,6 +192,7 @@ def simulate(
     budget: float,
     scn: Scenario,
     *,
+    earlier: tuple[float, float] | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> FetchLog:
     """Run one policy on one site under one budget; return its fetches.
@@ -203,6 +204,9 @@ def simulate(
     within ``refetch.min`` of its last fetch nor of a host without room
     (the crawler's early claims); what is then left is lost (the crawler
     idles), fractions carry over.
+    ``earlier`` is ``(day, budget)``: that budget until that day, as a
+    site config whose ``refetch.budget`` was changed then (the schedule is
+    built for the later one, and told the change at the next day's fit).
     ``progress`` is called with the share of the horizon done.
     """
     started = time.perf_counter()
@@ -241,6 +245,9 @@ def simulate(
     cost = None if cost_arr is None else cost_arr.tolist()
     by_seconds = cost is not None
     threshold = 1e-12 if by_seconds else 1.0
+    final, switch_day = budget, -1.0
+    if earlier is not None:
+        switch_day, budget = earlier
     per_page_tick = budget * tick  # fetches per page per tick, or seconds per tick
     site_wide = scn.budget_kind == "fetches_per_day"  # a fixed budget, however many pages
 
@@ -309,6 +316,9 @@ def simulate(
     for k in range(n_ticks):
         now = k * tick
         now_s = CLOCK + now * DAY
+        if budget != final and now >= switch_day:
+            budget, next_day = final, now  # the new budget is fitted at once
+            per_page_tick = budget * tick
         if oracle:
             while revealed < len(created_new) and created_new[revealed] <= now:
                 discover(first_new + revealed, None, now_s)
