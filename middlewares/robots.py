@@ -27,7 +27,7 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
   a request to match, on the reactor;
 - its ``Sitemap:`` lines (on a 200 answer) go to the spider's
   ``sitemaps_found``, which fetches them (unless a process of the site read
-  them within half a ``VERTICAL_SITEMAP_TTL``).
+  them within half a ``VERTICAL_SITEMAP_TTL``) and keeps them for later runs.
 
 A request this middleware ignores with a frontier record is settled through
 the commit (``page_parked``) and ignored *without* the record in its meta,
@@ -155,7 +155,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         if rp is not None:
             self._apply_crawl_delay(rp, request)
         if status == 200 and (found := getattr(self.crawler.spider, "sitemaps_found", None)):
-            found(robots_sitemaps(response.body, base_url=response.url))
+            found(robots_sitemaps(response.body, base_url=response.url), robots=response.url)
         if netloc in self._refreshing and netloc not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.
             self._refreshing.discard(netloc)

@@ -171,6 +171,7 @@ class VerticalSpider(Spider):
         self._field_errors: set[tuple[str, str]] = set()  # (document, field) that failed on a page, logged once
         self._sitemaps: dict[str, float] = {}  # sitemap URL -> when last asked for or read (the crawl clock)
         self._sitemap_roots: set[str] = set()  # named by the config or robots.txt
+        self._robots_named: set[str] = set()  # robots.txt URLs the store keeps the sitemaps of
         self._feeds: dict[str, list[str]] = {}  # entry page URL -> the feeds it announces now
         self._sitemap_loop: task.LoopingCall | None = None
         # Sitemap URL -> (depth, when first asked): being read by another
@@ -217,7 +218,11 @@ class VerticalSpider(Spider):
         for url in self.site.start_urls:
             yield Request(canonicalize(url, self.site.traps.strip_params),
                           meta={META_LEVEL: 0, META_SEED: True})
-        roots = self._sitemap_urls(self.site.sitemaps)
+        # And those robots.txt named when last read: a run with nothing due
+        # fetches no robots.txt, and would read none of them.
+        named = await maybe_deferred_to_future(self._scheduler.robots_sitemaps())
+        self._robots_named.update(named)
+        roots = self._sitemap_urls([*self.site.sitemaps, *(url for urls in named.values() for url in urls)])
         self._sitemap_roots.update(roots)
         for request in await maybe_deferred_to_future(self._sitemap_reads(roots, 0)):
             yield request
@@ -258,9 +263,13 @@ class VerticalSpider(Spider):
         due = [url for url in sorted(roots) if now - self._sitemaps.get(url, now) >= self.sitemap_ttl]
         self._crawl_sitemaps(self._sitemap_reads(due, 0, self.sitemap_ttl))
 
-    def sitemaps_found(self, urls: Iterable[str]) -> None:
-        """Sitemaps robots.txt names (read again every
-        ``VERTICAL_ROBOTS_TTL``): fetched now, unless read lately."""
+    def sitemaps_found(self, urls: Sequence[str], robots: str | None = None) -> None:
+        """Sitemaps robots.txt ``robots`` names (read again every
+        ``VERTICAL_ROBOTS_TTL``): fetched now, unless read lately, and kept
+        in the store for the runs that fetch nothing of its host."""
+        if robots is not None and (urls or robots in self._robots_named):
+            self._robots_named.add(robots)
+            self._scheduler.robots_sitemaps(robots, urls)
         wanted = self._sitemap_urls(urls)
         self._sitemap_roots.update(wanted)
         self._crawl_sitemaps(self._sitemap_reads(wanted, 0))

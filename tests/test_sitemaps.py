@@ -1103,3 +1103,28 @@ def test_a_sitemap_gone_a_gzip_bomb_and_a_lastmod_of_year_9999_are_each_named_an
     assert first.stat("vertical/sitemap/unreadable") == 1 and "inflates past" in first.log
     assert first.stat("vertical/sitemap/lastmod_ahead") == 1
     assert statuses == [200, 304]
+
+
+def test_the_sitemaps_robots_txt_names_are_read_by_a_run_with_nothing_due(tmp_path):
+    """robots.txt alone names the sitemap. Run 1 crawls the site; the
+    sitemap then lists one page more. Run 2, straight after with a TTL of 0,
+    has nothing due and fetched nothing, robots.txt included, so it never
+    learned of the sitemap: the new page waited for a run with something
+    due. The store now keeps what each robots.txt named; run 2 reads the
+    sitemap (its robots.txt before it) and finds the page."""
+    def urlset(*paths: str) -> bytes:
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                + "".join(f"<url><loc>{p}</loc></url>" for p in paths) + "</urlset>").encode()
+
+    pages = {"/robots.txt": (200, b"User-agent: *\nSitemap: /sm.xml\n"), "/": (200, html("/news/a")),
+             "/news/a": (200, html()), "/news/b": (200, html()), "/sm.xml": (200, urlset("/news/a"))}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, refetch={"schedule": "adaptive", "initial": "2d"})
+        store = tmp_path / "f.sqlite3"
+        crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
+        assert "/sm.xml" in server.log
+        server.log.clear()
+        pages["/sm.xml"] = (200, urlset("/news/a", "/news/b"))
+        crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_SITEMAP_TTL": 0})
+        log = sorted(server.log)
+    assert log == ["/news/b", "/robots.txt", "/sm.xml"], log

@@ -89,7 +89,8 @@ from vertical.policies.estimate import dates_a_change
 from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
-from vertical.sitemaps import META_SITEMAP, reading_done, reading_key, take_reading
+from vertical.sitemaps import (META_SITEMAP, ROBOTS_SITEMAPS_KEY, reading_done, reading_key, robots_named,
+                               take_reading)
 from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
 from vertical.urls import canonicalize, fingerprint, host_of
 
@@ -837,6 +838,26 @@ class FrontierScheduler(BaseScheduler):
 
         self._sitemap_calls += 1
         return self._sitemap_settled(self._call(take), "sitemap lease", {})
+
+    def robots_sitemaps(self, robots: str | None = None,
+                        urls: Sequence[str] = ()) -> Deferred[dict[str, list[str]]]:
+        """The sitemaps the site's robots.txt files named when last read, by
+        any process or run, by robots.txt URL
+        (:data:`~vertical.sitemaps.ROBOTS_SITEMAPS_KEY`), after noting that
+        ``robots`` (when given) names ``urls`` now. Fires with ``{}`` when
+        the store failed."""
+        site = self.site.name
+
+        def named() -> dict[str, list[str]]:  # on the store thread
+            if robots is None:
+                stored = self.frontier.get_meta(site, ROBOTS_SITEMAPS_KEY)
+            else:
+                stored = self.frontier.update_meta(site, ROBOTS_SITEMAPS_KEY,
+                                                   partial(robots_named, robots=robots, urls=list(urls)))
+            return robots_named(stored, "", ())  # what it holds, checked
+
+        self._sitemap_calls += 1
+        return self._sitemap_settled(self._call(named), "robots.txt sitemaps", {})
 
     def sitemap_read(self, url: str, began: float, validators: Mapping[str, str] | None = None,
                      children: Sequence[str] | None = None, after: Deferred[Any] | None = None) -> Deferred[Any]:

@@ -43,9 +43,10 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["META_SITEMAP", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry", "feed_links", "granted",
-           "gzip_cut", "lastmod_time", "read_feed", "read_sitemap", "reading_done", "reading_key", "reading_lease",
-           "readings", "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
+__all__ = ["META_SITEMAP", "ROBOTS_SITEMAPS_KEY", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry",
+           "feed_links", "granted", "gzip_cut", "lastmod_time", "read_feed", "read_sitemap", "reading_done",
+           "reading_key", "reading_lease", "readings", "robots_named", "robots_sitemaps", "sitemap_body",
+           "sitemap_max_size", "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
@@ -278,6 +279,24 @@ def sitemap_wanted(site: SiteConfig, url: str, *, page: bool) -> bool:
 
 
 _READING = "sitemap "
+#: Site meta: ``{robots.txt URL: [the sitemaps its Sitemap: lines name]}``
+#: as last read, so that a run that fetches nothing of a host (nothing due)
+#: still reads the sitemaps only its robots.txt names.
+ROBOTS_SITEMAPS_KEY = "robots sitemaps"
+#: The most sitemaps kept of one robots.txt (a robots.txt may be 500 KiB of them).
+ROBOTS_SITEMAPS_MAX = 1000
+
+
+def robots_named(stored: Any, robots: str, urls: Sequence[str]) -> dict[str, list[str]]:
+    """What :data:`ROBOTS_SITEMAPS_KEY` holds once robots.txt ``robots``
+    was read naming sitemaps ``urls`` (none: it names none now). For the
+    store's ``update_meta``."""
+    named = {str(k): list(v) for k, v in stored.items() if isinstance(v, list)} if isinstance(stored, dict) else {}
+    if urls:
+        named[robots] = list(dict.fromkeys(urls))[:ROBOTS_SITEMAPS_MAX]
+    else:
+        named.pop(robots, None)
+    return named
 
 
 def reading_key(url: str) -> str:
