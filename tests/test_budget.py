@@ -42,7 +42,8 @@ def test_budget_defaults_to_auto():
 
 
 @pytest.mark.parametrize(("value", "problem"), [
-    ("5000", "not a budget: '5000'"), ("5/x", "not a budget: '5/x'"), ("x/d", "not a budget: 'x/d'"),
+    ("5000", "not a budget: '5000' is text"), ("5/x", "not a budget: '5/x'"), ("x/d", "not a budget: 'x/d'"),
+    ("1e9", r"'1e9' is text, not a number \(write 1e9/d, or a number YAML reads as one"),
     (0, "must be a positive number"), (-3, "must be a positive number"), (True, "must be a number"),
     ([200], "must be a number"),
 ])

@@ -325,6 +325,14 @@ def load_site(spec: str | os.PathLike[str], sites_dir: str | os.PathLike[str] | 
     raise ConfigError(spec, "(site)", f"no site config named {name!r}; looked for {', '.join(looked)}")
 
 
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _read_text(path: Path | Traversable, file: str) -> str:
     """The text of a site config file, which YAML wants as UTF-8 (a file
     saved by an editor in a legacy encoding is named with its first bad
@@ -743,6 +751,10 @@ class _SiteParser:
             number, _, unit = value.partition("/")
             unit = unit.strip().lower()
             if not unit or unit not in UNITS:
+                if not unit and _is_float(number):
+                    # YAML reads 1e9 as text (its floats need a dot and a signed exponent).
+                    self.fail(path, f"not a budget: {value!r} is text, not a number (write {number.strip()}/d, "
+                                    "or a number YAML reads as one: 1000000000, 1.0e+9)")
                 self.fail(path, f"not a budget: {value!r} (use auto, fetches a day, or e.g. '5000/d', '200/h')")
             per = 86400.0 / UNITS[unit]
             try:
