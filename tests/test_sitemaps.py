@@ -354,13 +354,10 @@ class _Stalling(_Handler):
         super().do_GET()
 
 
-def test_a_sitemap_reading_killed_midway_is_made_by_the_next_run(tmp_path):
-    """The config names an index of two sitemaps. Run 1 reads the index and
-    the second sitemap, leases the reading of the first and is SIGKILLed
-    while that sitemap is on its way. The reading it held dies with it: once
-    its heartbeat has run out, run 2 reads that sitemap (not ten minutes
-    later, when the lease would have run out), though the index that lists
-    it was read lately, and crawls the pages only that sitemap lists."""
+def _stalled_index() -> tuple[SmallSite, list[str], list[str]]:
+    """A site with an index of two sitemaps, ``/index.xml``: ``/sm1.xml``
+    lists the first pages returned and is held unanswered until
+    ``server.released`` is set, ``/sm2.xml`` lists the others."""
     def urlset(*paths: str) -> bytes:
         return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
                 + "".join(f"<url><loc>{p}</loc></url>" for p in paths) + "</urlset>").encode()
@@ -374,6 +371,17 @@ def test_a_sitemap_reading_killed_midway_is_made_by_the_next_run(tmp_path):
     server = SmallSite(pages)
     server.RequestHandlerClass = _Stalling
     server.stalled, server.released = {"/sm1.xml"}, threading.Event()  # type: ignore[attr-defined]
+    return server, stalled, other
+
+
+def test_a_sitemap_reading_killed_midway_is_made_by_the_next_run(tmp_path):
+    """The config names an index of two sitemaps. Run 1 reads the index and
+    the second sitemap, leases the reading of the first and is SIGKILLed
+    while that sitemap is on its way. The reading it held dies with it: once
+    its heartbeat has run out, run 2 reads that sitemap (not ten minutes
+    later, when the lease would have run out), though the index that lists
+    it was read lately, and crawls the pages only that sitemap lists."""
+    server, stalled, other = _stalled_index()
     store = tmp_path / "f.sqlite3"
     heartbeat = {"VERTICAL_HEARTBEAT": 1}
     with serving(server):
@@ -1042,19 +1050,7 @@ def test_a_sitemap_another_process_was_reading_when_killed_is_read_by_the_one_st
     A's heartbeat has run out, B reads the sitemap A left and crawls the
     pages only it lists, in the same run (before, not until the next run
     or a TTL later, a day)."""
-    def urlset(*paths: str) -> bytes:
-        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
-                + "".join(f"<url><loc>{p}</loc></url>" for p in paths) + "</urlset>").encode()
-
-    index = ('<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
-             "<sitemap><loc>/sm1.xml</loc></sitemap><sitemap><loc>/sm2.xml</loc></sitemap></sitemapindex>")
-    stalled, other = [f"/p{i}" for i in range(3)], ["/q0", "/q1"]
-    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/index.xml": (200, index.encode()),
-             "/sm1.xml": (200, urlset(*stalled)), "/sm2.xml": (200, urlset(*other)),
-             **{p: (200, html()) for p in stalled + other}}
-    server = SmallSite(pages)
-    server.RequestHandlerClass = _Stalling
-    server.stalled, server.released = {"/sm1.xml"}, threading.Event()  # type: ignore[attr-defined]
+    server, stalled, _ = _stalled_index()
     store = tmp_path / "f.sqlite3"
     heartbeat = {"VERTICAL_HEARTBEAT": 1}
     with serving(server):

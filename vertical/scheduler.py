@@ -89,8 +89,7 @@ from vertical.policies.estimate import dates_a_change
 from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
-from vertical.sitemaps import (META_SITEMAP, ROBOTS_SITEMAPS_KEY, reading_done, reading_key, robots_named,
-                               take_reading)
+from vertical.sitemaps import META_SITEMAP, ROBOTS_SITEMAPS_KEY, reading_done, reading_key, robots_named, take_reading
 from vertical.traps import DEFER, BarrenGuard, HostGuard, check_url
 from vertical.urls import canonicalize, fingerprint, host_of
 
