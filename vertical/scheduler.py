@@ -849,11 +849,9 @@ class FrontierScheduler(BaseScheduler):
 
         def named() -> dict[str, list[str]]:  # on the store thread
             if robots is None:
-                stored = self.frontier.get_meta(site, ROBOTS_SITEMAPS_KEY)
-            else:
-                stored = self.frontier.update_meta(site, ROBOTS_SITEMAPS_KEY,
-                                                   partial(robots_named, robots=robots, urls=list(urls)))
-            return robots_named(stored, "", ())  # what it holds, checked
+                return robots_named(self.frontier.get_meta(site, ROBOTS_SITEMAPS_KEY))
+            return self.frontier.update_meta(site, ROBOTS_SITEMAPS_KEY,
+                                             partial(robots_named, robots=robots, urls=list(urls)))
 
         self._sitemap_calls += 1
         return self._sitemap_settled(self._call(named), "robots.txt sitemaps", {})

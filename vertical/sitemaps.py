@@ -287,14 +287,16 @@ ROBOTS_SITEMAPS_KEY = "robots sitemaps"
 ROBOTS_SITEMAPS_MAX = 1000
 
 
-def robots_named(stored: Any, robots: str, urls: Sequence[str]) -> dict[str, list[str]]:
-    """What :data:`ROBOTS_SITEMAPS_KEY` holds once robots.txt ``robots``
-    was read naming sitemaps ``urls`` (none: it names none now). For the
-    store's ``update_meta``."""
-    named = {str(k): list(v) for k, v in stored.items() if isinstance(v, list)} if isinstance(stored, dict) else {}
-    if urls:
+def robots_named(stored: Any, robots: str | None = None, urls: Sequence[str] = ()) -> dict[str, list[str]]:
+    """What :data:`ROBOTS_SITEMAPS_KEY` holds (``stored``, as the store
+    gave it) once robots.txt ``robots``, when given, was read naming
+    sitemaps ``urls`` (none: it names none now). For the store's
+    ``update_meta``."""
+    named = {str(k): [str(url) for url in v] for k, v in stored.items() if isinstance(v, list)} \
+        if isinstance(stored, dict) else {}
+    if robots is not None and urls:
         named[robots] = list(dict.fromkeys(urls))[:ROBOTS_SITEMAPS_MAX]
-    else:
+    elif robots is not None:
         named.pop(robots, None)
     return named
 
