@@ -174,8 +174,8 @@ class VerticalSpider(Spider):
         self._robots_named: set[str] = set()  # robots.txt URLs the store keeps the sitemaps of
         self._feeds: dict[str, list[str]] = {}  # entry page URL -> the feeds it announces now
         self._sitemap_loop: task.LoopingCall | None = None
-        # Sitemap URL -> (depth, when first asked): being read by another
-        # process, asked again until its reading is over or died with it.
+        # Sitemap URL -> (depth, when the reading left to another process
+        # began): asked again until that reading is over or died with it.
         self._read_elsewhere: dict[str, tuple[int, float]] = {}
         self._elsewhere_call: IDelayedCall | None = None
         self.sitemap_ttl = 0.0  # VERTICAL_SITEMAP_TTL and friends, set in from_crawler
@@ -329,11 +329,13 @@ class VerticalSpider(Spider):
                     read = reading.get("read")
                     read = read if isinstance(read, (int, float)) else None
                     held = reading_lease(reading)
-                    first = now if elsewhere is None else elsewhere[1]
-                    if held is not None and held[0] != scheduler.owner and (read is None or read < first):
-                        # Being read by another process, and not read since
-                        # this one first asked: asked again in a while.
-                        self._read_elsewhere[url] = (depth, first)
+                    # The reading left to the other: begun when its lease was
+                    # taken, which its record's "read" is once it is over.
+                    began_there = elsewhere[1] if elsewhere is not None else held[2] if held is not None else now
+                    if held is not None and held[0] != scheduler.owner and (read is None or read < began_there):
+                        # Being read by another process, and that reading is
+                        # not over: asked again in a while.
+                        self._read_elsewhere[url] = (depth, began_there)
                         if elsewhere is None:
                             self.crawler.stats.inc_value("vertical/sitemap/read_elsewhere")
                             elsewhere_now.append(url)
@@ -379,12 +381,12 @@ class VerticalSpider(Spider):
             return
         now = self._scheduler.now()
         asks: dict[tuple[int, float], list[str]] = {}
-        for url, (depth, first) in self._read_elsewhere.items():
-            asks.setdefault((depth, first), []).append(url)
-        for (depth, first), urls in asks.items():
-            # Read since it was first asked for: that reading is the one left
-            # to the other process, whatever the TTL.
-            self._crawl_sitemaps(self._sitemap_reads(urls, depth, min_age=now - first, again=True))
+        for url, (depth, began) in self._read_elsewhere.items():
+            asks.setdefault((depth, began), []).append(url)
+        for (depth, began), urls in asks.items():
+            # Read since that reading began: it is over, whatever the TTL
+            # (the second's slack: "read" is the time its lease was taken).
+            self._crawl_sitemaps(self._sitemap_reads(urls, depth, min_age=now - began + 1.0, again=True))
 
     def _crawl_sitemaps(self, reads: Deferred[list[Request]]) -> None:
         def crawl(requests: list[Request]) -> None:

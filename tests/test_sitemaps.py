@@ -343,11 +343,18 @@ def test_runs_and_processes_share_their_sitemap_readings(tmp_path, frontier_uri)
 
 class _Stalling(_Handler):
     """Holds the answer to the paths in ``server.stalled`` until
-    ``server.released`` is set: a sitemap that takes its time."""
+    ``server.released`` is set: a sitemap that takes its time. With
+    ``server.held`` (a list, where such requests are noted) it answers
+    them then; without, the crawl that asked is taken for gone."""
 
     def do_GET(self) -> None:
         server = self.server
         if self.path in server.stalled and not server.released.is_set():  # type: ignore[attr-defined]
+            if (held := getattr(server, "held", None)) is not None:
+                held.append(self.path)
+                server.released.wait(120)  # type: ignore[attr-defined]
+                super().do_GET()
+                return
             server.log.append(self.path)  # type: ignore[attr-defined]
             server.released.wait(120)  # type: ignore[attr-defined]
             return  # the crawl that asked is gone: no answer
@@ -1124,3 +1131,34 @@ def test_the_sitemaps_robots_txt_names_are_read_by_a_run_with_nothing_due(tmp_pa
         crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_SITEMAP_TTL": 0})
         log = sorted(server.log)
     assert log == ["/news/b", "/robots.txt", "/sm.xml"], log
+
+
+def test_a_sitemap_left_to_another_process_is_not_read_again_once_that_reading_is_over(tmp_path):
+    """Process A reads a sitemap that takes its time; process B asks for it
+    meanwhile and leaves it to A. A's reading ends (nobody is killed): B,
+    asking again, finds it read and does not read it a second time (it
+    did, at every one of an index's sitemaps it had left to A: its reading
+    was dated from when A took it, before B first asked)."""
+    server, stalled, _ = _stalled_index()
+    server.held = []  # type: ignore[attr-defined]
+    store = tmp_path / "f.sqlite3"
+    heartbeat = {"VERTICAL_HEARTBEAT": 1}
+    with serving(server):
+        site = small_site(tmp_path, "slow", server.url, sitemaps=[f"{server.url}/index.xml"])
+        first = start_crawl(site, store, tmp_path / "a", settings=heartbeat)
+        second = None
+        try:
+            wait_for(lambda: "/sm1.xml" in server.held, timeout=120)  # type: ignore[attr-defined]
+            second = start_crawl(site, store, tmp_path / "b", settings=heartbeat,
+                                 args={"mode": "continuous", "seconds": 12})
+            wait_for(lambda: "being read by another process" in crawl_log(tmp_path / "b"), timeout=120)
+        finally:
+            server.released.set()  # type: ignore[attr-defined]
+            first.communicate(timeout=180)
+        assert second is not None
+        _, stderr = second.communicate(timeout=180)
+        result = collect(tmp_path / "b", second.returncode, stderr=stderr)
+    assert first.returncode == 0 and result.returncode == 0, result.log[-3000:]
+    assert server.log.count("/sm1.xml") == 1, server.log
+    assert set(stalled) <= set(server.log)
+    assert result.stat("vertical/sitemap/read_elsewhere") >= 1
