@@ -881,27 +881,35 @@ def test_a_run_that_reaches_its_time_leaves_the_sitemaps_it_has_not_read(tmp_pat
 @pytest.mark.parametrize("schedule", ["adaptive", "optimal"])
 def test_a_date_without_its_hour_that_does_not_move_brings_a_page_once(tmp_path, schedule):
     """A sitemap dates a page by the day, today, and the page never changes.
-    Read at every run (a TTL of 0), runs back to back at noon on the crawl's
-    clock: the page is fetched once, not at every reading of the day (the
-    date's window reaches past each fetch, and any odds of a change after it
-    brought the page again). The optimal schedule under ``budget: auto``,
-    where a fetch costs next to nothing, took any odds as worth a fetch and
-    brought it back at every reading; it now checks the date's claim once
-    (the reading that found the page knew no record to note the date on)."""
-    noon = (time.time() // DAY) * DAY + DAY / 2
-    day = datetime.fromtimestamp(noon, UTC).strftime("%Y-%m-%d")
+    Read at every run (a TTL of 0): three runs back to back at 06:00 on the
+    crawl's clock, and one the next morning. The page, found by the first
+    reading, is fetched once that day, and no reading dates a change after
+    that fetch: the date's window reaches past it, and any odds of a change
+    after it brought the page again at every reading of the day (the
+    optimal schedule under ``budget: auto``, where a fetch costs next to
+    nothing) and the next morning (both: odds of 3/4). The date was shown
+    before the page's first fetch, by the reading that found it, and that
+    is kept on its record from its discovery. (The next morning the optimal
+    schedule fetches it all the same: its first delay is ``min``.)"""
+    morning = (time.time() // DAY) * DAY + DAY / 4
+    day = datetime.fromtimestamp(morning, UTC).strftime("%Y-%m-%d")
     pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/news/a": (200, html()),
              "/s.xml": (200, ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
                               f"<url><loc>/news/a</loc><lastmod>{day}</lastmod></url></urlset>").encode())}
     with serving(SmallSite(pages)) as server:
         site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
                           refetch={"schedule": schedule, "initial": "2d", "min": "1h"})
-        offset = noon - time.time()
-        for run in range(3):
-            crawl(site, tmp_path / "f.sqlite3", tmp_path, tag=str(run),
-                  settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": offset})
-        log = list(server.log)
-    assert log.count("/s.xml") == 3 and log.count("/news/a") == (1 if schedule == "adaptive" else 2), log
+        offset = morning - time.time()
+        moved, logs = [], []
+        for run, later in enumerate((0.0, 0.0, 0.0, DAY)):
+            result = crawl(site, tmp_path / "f.sqlite3", tmp_path, tag=str(run),
+                           settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": offset + later})
+            moved.append(result.stat("vertical/sitemap/lastmod_moved") + result.stat("vertical/sitemap/lastmod_due"))
+            logs.append(list(server.log))
+            server.log.clear()
+    assert [log.count("/s.xml") for log in logs] == [1, 1, 1, 1]
+    assert sum(log.count("/news/a") for log in logs[:3]) == 1, logs
+    assert moved == [0, 0, 0, 0], moved
 
 
 def test_a_sitemap_that_answers_304_to_a_request_that_asked_nothing_is_unreadable(tmp_path):

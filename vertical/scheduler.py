@@ -85,7 +85,7 @@ from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
-from vertical.policies.estimate import dates_a_change
+from vertical.policies.estimate import dates_a_change, observe_listed
 from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
@@ -187,6 +187,9 @@ class FrontierScheduler(BaseScheduler):
         self._records = 0  # the site's records as far as this process knows: at open, plus its inserts
         self._discovered: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
         self._checking: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
+        # URL -> (its lastmod, when read): what a sitemap said of a URL it
+        # listed before the frontier knew it, for its record once stored.
+        self._listed_new: dict[int, tuple[float, float]] = {}
         self._seq = itertools.count()
         self._next_poll = 0.0
         # The last answer to "anything due?": when, after how many store writes, what.
@@ -742,11 +745,12 @@ class FrontierScheduler(BaseScheduler):
         lastmods: dict[int, float] = {}
         now = self.now()
         for url, lastmod in entries:
-            self._discover(url, 1, None, False)
             if lastmod is not None and lastmod <= now:
                 # A URL listed twice: its latest date, whatever the order.
                 fp = fingerprint(url)
                 lastmods[fp] = max(lastmod, lastmods.get(fp, lastmod))
+                self._listed_new[fp] = (lastmods[fp], now)  # until the batch it joins is stored
+            self._discover(url, 1, None, False)
         self.stats.inc_value("vertical/sitemap/urls", len(entries))
         if not lastmods:
             return succeed(0)
@@ -1405,6 +1409,11 @@ class FrontierScheduler(BaseScheduler):
             if parent is not None:
                 record.extra["referer"] = parent.url  # the request's Referer (spider.request_for)
             self.schedule.set_discovered(record, now)
+            if (listed := self._listed_new.get(fp)) is not None:
+                # The date its sitemap showed before its first fetch: a date
+                # without its hour read again after that fetch dates nothing
+                # (dates_a_change), as for a page the reading knew.
+                observe_listed(record.extra, listed[0], listed[1], None)
             self.priority.on_discovered(record, parent)
             if reason := check_url(url, self.site.traps) or self.barren.check(record, parent):
                 # Stored, so it is known and never counted as new again; not
@@ -1440,6 +1449,8 @@ class FrontierScheduler(BaseScheduler):
 
         asked = time.monotonic()
         inserted, claimed = await self._call(insert)
+        for fp in batch:
+            self._listed_new.pop(fp, None)
         self._stored()
         if (refit := self._grown(len(inserted))) is not None:
             await refit  # the pages just found are priced by it when fetched
