@@ -154,8 +154,9 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         rp = robots_parsers(self)[netloc]
         if rp is not None:
             self._apply_crawl_delay(rp, request)
-        if status == 200 and (found := getattr(self.crawler.spider, "sitemaps_found", None)):
-            found(robots_sitemaps(response.body, base_url=response.url), robots=response.url)
+        if (found := getattr(self.crawler.spider, "sitemaps_found", None)) and (status == 200 or 400 <= status < 500):
+            # A robots.txt gone (4xx) names no sitemap any more; unreachable, it is unknown.
+            found(robots_sitemaps(response.body, base_url=response.url) if status == 200 else [], robots=response.url)
         if netloc in self._refreshing and netloc not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.
             self._refreshing.discard(netloc)

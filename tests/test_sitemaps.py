@@ -1122,7 +1122,8 @@ def test_the_sitemaps_robots_txt_names_are_read_by_a_run_with_nothing_due(tmp_pa
     has nothing due and fetched nothing, robots.txt included, so it never
     learned of the sitemap: the new page waited for a run with something
     due. The store now keeps what each robots.txt named; run 2 reads the
-    sitemap (its robots.txt before it) and finds the page."""
+    sitemap (its robots.txt before it) and finds the page. Once robots.txt
+    is gone (404), its sitemaps are forgotten."""
     def urlset(*paths: str) -> bytes:
         return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
                 + "".join(f"<url><loc>{p}</loc></url>" for p in paths) + "</urlset>").encode()
@@ -1138,7 +1139,16 @@ def test_the_sitemaps_robots_txt_names_are_read_by_a_run_with_nothing_due(tmp_pa
         pages["/sm.xml"] = (200, urlset("/news/a", "/news/b"))
         crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_SITEMAP_TTL": 0})
         log = sorted(server.log)
+        # robots.txt gone: the run that learns it reads the sitemap once
+        # more (it had it from the store), the next one no more.
+        pages["/robots.txt"] = (404, b"")
+        later = []
+        for run in (3, 4):
+            server.log.clear()
+            crawl(site, store, tmp_path, tag=str(run), settings={"VERTICAL_SITEMAP_TTL": 0})
+            later.append(sorted(server.log))
     assert log == ["/news/b", "/robots.txt", "/sm.xml"], log
+    assert later == [["/robots.txt", "/sm.xml"], []], later
 
 
 def test_a_sitemap_left_to_another_process_is_not_read_again_once_that_reading_is_over(tmp_path):
