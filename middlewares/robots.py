@@ -155,8 +155,11 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         if rp is not None:
             self._apply_crawl_delay(rp, request)
         if (found := getattr(self.crawler.spider, "sitemaps_found", None)) and (status == 200 or 400 <= status < 500):
-            # A robots.txt gone (4xx) names no sitemap any more; unreachable, it is unknown.
-            found(robots_sitemaps(response.body, base_url=response.url) if status == 200 else [], robots=response.url)
+            # A robots.txt gone (4xx) names no sitemap any more; unreachable,
+            # it is unknown. Known by the URL asked for, wherever it redirects.
+            asked = (response.request.meta.get("redirect_urls") or [response.url])[0] \
+                if response.request is not None else response.url
+            found(robots_sitemaps(response.body, base_url=response.url) if status == 200 else [], robots=asked)
         if netloc in self._refreshing and netloc not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.
             self._refreshing.discard(netloc)

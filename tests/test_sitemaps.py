@@ -890,7 +890,10 @@ def test_a_date_without_its_hour_that_does_not_move_brings_a_page_once(tmp_path,
     nothing) and the next morning (both: odds of 3/4). The date was shown
     before the page's first fetch, by the reading that found it, and that
     is kept on its record from its discovery. (The next morning the optimal
-    schedule fetches it all the same: its first delay is ``min``.)"""
+    schedule fetches it all the same: its first delay is ``min``.) Then the
+    date moves to that day, and is read again at 18:00: the page comes no
+    more (the base schedule kept no note of a date that moved, and took
+    odds of 2/3 again)."""
     morning = (time.time() // DAY) * DAY + DAY / 4
     day = datetime.fromtimestamp(morning, UTC).strftime("%Y-%m-%d")
     pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/news/a": (200, html()),
@@ -901,15 +904,18 @@ def test_a_date_without_its_hour_that_does_not_move_brings_a_page_once(tmp_path,
                           refetch={"schedule": schedule, "initial": "2d", "min": "1h"})
         offset = morning - time.time()
         moved, logs = [], []
-        for run, later in enumerate((0.0, 0.0, 0.0, DAY)):
+        for run, later in enumerate((0.0, 0.0, 0.0, DAY, DAY + 60, DAY + DAY / 2)):
+            if run == 4:  # the next day's date: once more, then not at 18:00 that day
+                tomorrow = datetime.fromtimestamp(morning + DAY, UTC).strftime("%Y-%m-%d")
+                pages["/s.xml"] = (200, pages["/s.xml"][1].replace(day.encode(), tomorrow.encode()))
             result = crawl(site, tmp_path / "f.sqlite3", tmp_path, tag=str(run),
                            settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": offset + later})
             moved.append(result.stat("vertical/sitemap/lastmod_moved") + result.stat("vertical/sitemap/lastmod_due"))
             logs.append(list(server.log))
             server.log.clear()
-    assert [log.count("/s.xml") for log in logs] == [1, 1, 1, 1]
+    assert [log.count("/s.xml") for log in logs] == [1] * 6
     assert sum(log.count("/news/a") for log in logs[:3]) == 1, logs
-    assert moved == [0, 0, 0, 0], moved
+    assert moved[:4] == [0, 0, 0, 0] and moved[5] == 0, moved
 
 
 def test_a_sitemap_that_answers_304_to_a_request_that_asked_nothing_is_unreadable(tmp_path):

@@ -749,7 +749,8 @@ class FrontierScheduler(BaseScheduler):
                 # A URL listed twice: its latest date, whatever the order.
                 fp = fingerprint(url)
                 lastmods[fp] = max(lastmod, lastmods.get(fp, lastmod))
-                self._listed_new[fp] = (lastmods[fp], now)  # until the batch it joins is stored
+                if (pending := self._listed_new.get(fp)) is None or pending[0] < lastmods[fp]:
+                    self._listed_new[fp] = (lastmods[fp], now)  # until the batch it joins is stored
             self._discover(url, 1, None, False)
         self.stats.inc_value("vertical/sitemap/urls", len(entries))
         if not lastmods:
@@ -760,13 +761,19 @@ class FrontierScheduler(BaseScheduler):
             # Not a page gone, parked or failing: its recheck or its
             # backoff decides when it is asked again, not its lastmod.
             return [r for r in self.frontier.get_many(site, lastmods).values()
-                    if r.visits and r.state not in (GONE, FORBIDDEN, TRAP) and not r.extra.get("failures")]
+                    if r.state not in (GONE, FORBIDDEN, TRAP) and not r.extra.get("failures")]
 
         def worth(known: list[URLRecord]) -> Deferred[int] | int:
+            # A page not fetched yet is due already; the date shown before
+            # its first fetch is noted, as for a URL first found here.
+            noted = [r for r in known if not r.visits
+                     and observe_listed(r.extra, lastmods[r.fingerprint], now, None)]
+            known = [r for r in known if r.visits]
             # The schedule's state lives on the reactor: decide here.
             moved = sum(1 for r in known if dates_a_change(r.extra, lastmods[r.fingerprint], r.fetch_time, now))
             self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
             due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
+            written = [*written, *noted]
             # Brought forward: not those due already (a page listed in two
             # sitemaps, brought by the first reading).
             forward = sum(1 for r in due if r.next_fetch > now)

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from vertical.policies.estimate import dates_a_change
+from vertical.policies.estimate import LISTED_KEY, dates_a_change, observe_listed
 from vertical.record import URLRecord
 
 
@@ -90,7 +90,7 @@ class FetchSchedule(ABC):
         record.next_fetch = now + min(self.min_delay * 2 ** min(failures - 1, 32), ceiling)
 
     #: The keys of ``record.extra`` that :meth:`sitemap_read` writes.
-    sitemap_keys: tuple[str, ...] = ()
+    sitemap_keys: tuple[str, ...] = (LISTED_KEY,)
 
     def sitemap_read(self, listed: Sequence[tuple[URLRecord, float]],
                      now: float) -> tuple[list[URLRecord], list[URLRecord]]:
@@ -98,11 +98,19 @@ class FetchSchedule(ABC):
         lastmod (``(record, lastmod)``). Returns the pages to fetch now, and
         those whose ``extra`` this call wrote (to be saved). Here: every page
         whose lastmod dates a change after its last fetch, more likely than
-        not, is due now, and nothing is written. (A date without its hour on
-        the day of the fetch may be either: taken as "after" whatever the
-        odds, it brought the page again at every reading of that day.)"""
-        return [record for record, lastmod in listed
-                if dates_a_change(record.extra, lastmod, record.fetch_time, now) >= 0.5], []
+        not, is due now, and a lastmod that moved is noted (:data:`LISTED_KEY`,
+        :func:`~vertical.policies.estimate.observe_listed`). (A date without
+        its hour on the day of the fetch may be either: taken as "after"
+        whatever the odds, it brought the page again at every reading of that
+        day; noted, it does so no more once the page was fetched after a
+        reading that showed it.)"""
+        due, written = [], []
+        for record, lastmod in listed:
+            if dates_a_change(record.extra, lastmod, record.fetch_time, now) >= 0.5:
+                due.append(record)
+            if observe_listed(record.extra, lastmod, now, None):
+                written.append(record)
+        return due, written
 
     @abstractmethod
     def next_delay(self, record: URLRecord, now: float, changed: bool, first: bool) -> float:
