@@ -1186,3 +1186,25 @@ def test_a_sitemap_left_to_another_process_is_not_read_again_once_that_reading_i
     assert server.log.count("/sm1.xml") == 1, server.log
     assert set(stalled) <= set(server.log)
     assert result.stat("vertical/sitemap/read_elsewhere") >= 1
+
+
+def test_a_robots_txt_that_redirects_forgets_its_sitemaps_once_gone(tmp_path):
+    """robots.txt names a sitemap; later it redirects to a robots.txt that
+    answers 404. The sitemaps are kept by the robots.txt URL asked for, not
+    where it redirects: that run reads the sitemap once more (it had it
+    from the store) and the next reads none (kept under the URL redirected
+    to, the list was never forgotten)."""
+    pages = {"/robots.txt": (200, b"User-agent: *\nSitemap: /sm.xml\n"), "/": (200, html()),
+             "/sm.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"></urlset>')}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, refetch={"schedule": "adaptive", "initial": "2d"})
+        store = tmp_path / "f.sqlite3"
+        crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
+        pages["/robots.txt"] = (301, b"")
+        server.locations["/robots.txt"] = "/robots2.txt"
+        logs = []
+        for run in (2, 3):
+            server.log.clear()
+            crawl(site, store, tmp_path, tag=str(run), settings={"VERTICAL_SITEMAP_TTL": 0})
+            logs.append(sorted(server.log))
+    assert logs == [["/robots.txt", "/robots2.txt", "/sm.xml"], []], logs
