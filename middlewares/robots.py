@@ -54,7 +54,7 @@ from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
 from vertical.scheduler import META_RECORD
 from vertical.sitemaps import META_SITEMAP, robots_sitemaps
-from vertical.urls import host_of
+from vertical.urls import as_requested, host_of
 
 #: How much of a robots.txt is read (RFC 9309 2.5: a parsing limit of at least 500 KiB).
 ROBOTS_MAX_SIZE = 500 * 1024
@@ -157,9 +157,8 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         if (found := getattr(self.crawler.spider, "sitemaps_found", None)) and (status == 200 or 400 <= status < 500):
             # A robots.txt gone (4xx) names no sitemap any more; unreachable,
             # it is unknown. Known by the URL asked for, wherever it redirects.
-            asked = (response.request.meta.get("redirect_urls") or [response.url])[0] \
-                if response.request is not None else response.url
-            found(robots_sitemaps(response.body, base_url=response.url) if status == 200 else [], robots=asked)
+            found(robots_sitemaps(response.body, base_url=response.url) if status == 200 else [],
+                  robots=as_requested(response))
         if netloc in self._refreshing and netloc not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.
             self._refreshing.discard(netloc)

@@ -47,7 +47,7 @@ from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
 from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut, read_sitemap,
                                reading_lease, sitemap_body, sitemap_max_size, sitemap_wanted)
-from vertical.urls import canonicalize, host_of
+from vertical.urls import as_requested, canonicalize, host_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -147,11 +147,6 @@ def _referer_middleware(crawler: Crawler) -> RefererMiddleware | None:
         return RefererMiddleware.from_crawler(crawler)
     except NotConfigured:
         return None
-
-
-def _as_requested(message: Request | Response) -> str:
-    """The URL a sitemap was asked for (and is known by), before redirects."""
-    return message.meta.get("redirect_urls", [message.url])[0]
 
 
 class VerticalSpider(Spider):
@@ -329,12 +324,12 @@ class VerticalSpider(Spider):
                     read = reading.get("read")
                     read = read if isinstance(read, (int, float)) else None
                     held = reading_lease(reading)
-                    # The reading left to the other: begun when its lease was
-                    # taken, which its record's "read" is once it is over.
-                    began_there = elsewhere[1] if elsewhere is not None else held[2] if held is not None else now
-                    if held is not None and held[0] != scheduler.owner and (read is None or read < began_there):
-                        # Being read by another process, and that reading is
-                        # not over: asked again in a while.
+                    # The reading left to another process: begun when its
+                    # lease was taken, which its record's "read" is once over.
+                    began_there = None if held is None or held[0] == scheduler.owner \
+                        else elsewhere[1] if elsewhere is not None else held[2]
+                    if began_there is not None and (read is None or read < began_there):
+                        # Not over yet: asked again in a while.
                         self._read_elsewhere[url] = (depth, began_there)
                         if elsewhere is None:
                             self.crawler.stats.inc_value("vertical/sitemap/read_elsewhere")
@@ -405,7 +400,7 @@ class VerticalSpider(Spider):
         stats = self.crawler.stats
         scheduler = self._scheduler
         depth, began, children = response.meta[META_SITEMAP]
-        url = _as_requested(response)
+        url = as_requested(response)
         asked = response.request.headers if response.request is not None else {}
         if response.status == 304 and b"If-None-Match" not in asked and b"If-Modified-Since" not in asked:
             # "Not modified" since nothing (a broken server or cache): no reading.
@@ -497,7 +492,7 @@ class VerticalSpider(Spider):
         logger.warning("Sitemap not fetched: %s (%s)", request.url, failure.getErrorMessage())
         self.crawler.stats.inc_value("vertical/sitemap/failed")
         # Not asked for again before its time either (a lasting 404 is no reason to).
-        self._scheduler.sitemap_read(_as_requested(request), request.meta[META_SITEMAP][1])
+        self._scheduler.sitemap_read(as_requested(request), request.meta[META_SITEMAP][1])
 
     def request_for(self, record: URLRecord, template: Request | None = None) -> Request:
         """The request that fetches a frontier record (called by the scheduler).

@@ -29,7 +29,9 @@ from w3lib.url import canonicalize_url
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["canonicalize", "fingerprint", "host_of"]
+    from scrapy.http import Request, Response
+
+__all__ = ["as_requested", "canonicalize", "fingerprint", "host_of"]
 
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 _SCHEME_RE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.\-]*):")
@@ -137,6 +139,12 @@ def fingerprint(url: str) -> int:
 
 
 @lru_cache(maxsize=1 << 16)
+def as_requested(message: Request | Response) -> str:
+    """The URL a request (or the one a response answers) was first asked
+    for, before redirects: what a sitemap or a robots.txt is known by."""
+    return message.meta.get("redirect_urls", [message.url])[0]
+
+
 def host_of(url: str) -> str:
     """The host name of ``url`` without port, lower-cased, IPv6 without brackets.
 
