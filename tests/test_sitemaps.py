@@ -1208,3 +1208,76 @@ def test_a_robots_txt_that_redirects_forgets_its_sitemaps_once_gone(tmp_path):
             crawl(site, store, tmp_path, tag=str(run), settings={"VERTICAL_SITEMAP_TTL": 0})
             logs.append(sorted(server.log))
     assert logs == [["/robots.txt", "/robots2.txt", "/sm.xml"], []], logs
+
+
+class _Ordered(_Handler):
+    """``/b.xml`` is answered once a page is asked for (so after ``/a.xml``
+    brought the pages), and the pages once the crawl has stored what
+    ``/b.xml`` said of them (``server.noted`` set by the test)."""
+
+    def do_GET(self) -> None:
+        server = self.server
+        if self.path == "/b.xml":
+            server.asked.wait(60)  # type: ignore[attr-defined]
+        elif self.path.startswith("/news/"):
+            server.asked.set()  # type: ignore[attr-defined]
+            server.noted.wait(60)  # type: ignore[attr-defined]
+        super().do_GET()
+
+
+@pytest.mark.parametrize("schedule", ["adaptive", "optimal"])
+def test_a_page_two_sitemaps_date_apart_is_dated_by_the_later_while_its_fetch_is_under_way(tmp_path, schedule):
+    """Two sitemaps list the same ten pages, ``/a.xml`` dated yesterday and
+    ``/b.xml`` today, by the day. ``/a.xml`` is answered first and brings
+    the pages, which this process claims at once; ``/b.xml`` is read while
+    their fetches are under way, and the pages are answered only once its
+    date is in the store. Their fetches came after both dates were shown,
+    so a reading later that morning that shows the same dates dates no
+    change after them. The date ``/b.xml`` gave went only to the stored
+    records, and each fetch wrote back the record it held, dated yesterday:
+    the next reading brought all ten back."""
+    morning = (time.time() // DAY) * DAY + DAY / 4
+    today = datetime.fromtimestamp(morning, UTC).strftime("%Y-%m-%d")
+    yesterday = datetime.fromtimestamp(morning - DAY, UTC).strftime("%Y-%m-%d")
+    paths = [f"/news/p{i}" for i in range(10)]
+
+    def urlset(day: str) -> bytes:
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
+            f"<url><loc>{p}</loc><lastmod>{day}</lastmod></url>" for p in paths) + "</urlset>").encode()
+
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             "/a.xml": (200, urlset(yesterday)), "/b.xml": (200, urlset(today)), **{p: (200, html()) for p in paths}}
+    server = SmallSite(pages)
+    server.RequestHandlerClass = _Ordered
+    server.asked, server.noted = threading.Event(), threading.Event()  # type: ignore[attr-defined]
+    store = tmp_path / "f.sqlite3"
+
+    def dated_today() -> bool:
+        if not store.exists():
+            return False
+        frontier = open_frontier(f"sqlite:///{store}")
+        try:
+            found = [r for r in frontier.iter_records("news") if r.url.split("/", 3)[3].startswith("news/")]
+        finally:
+            frontier.close()
+        return len(found) == len(paths) and all(r.extra[LISTED_KEY][2] > morning - DAY / 4 for r in found)
+
+    with serving(server):
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/a.xml", f"{server.url}/b.xml"],
+                          politeness={"delay": 0, "concurrency": 4},
+                          refetch={"schedule": schedule, "initial": "2d", "min": "1h"})
+        offset = morning - time.time()
+        settings = {"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": offset}
+        first = start_crawl(site, store, tmp_path / "1", settings=settings)
+        try:
+            wait_for(dated_today, timeout=120)
+        finally:
+            server.noted.set()  # type: ignore[attr-defined]
+        assert first.wait(timeout=120) == 0
+        assert sorted(p for p in server.log if p.startswith("/news/")) == paths
+        server.log.clear()
+        later = crawl(site, store, tmp_path, tag="2", settings={**settings, "VERTICAL_TIME_OFFSET": offset + 1800})
+        log = list(server.log)
+    assert log.count("/b.xml") == 1
+    assert [p for p in log if p.startswith("/news/")] == [], log
+    assert later.stat("vertical/sitemap/lastmod_moved") == 0

@@ -391,6 +391,13 @@ class FrontierCommit:
         renewed until they are written (the write is fenced on the claim)."""
         return [*self._pages, *self._writes, *self._saving]
 
+    def waiting(self, fp: int) -> URLRecord | None:
+        """The record of ``fp`` if it waits here for its items or its write
+        (the copy that will be written), else None."""
+        if (page := self._pages.get(fp)) is not None:
+            return page.record
+        return self._writes.get(fp)
+
     def maintain(self) -> None:
         """Flush writes older than the write interval (called by the scheduler)."""
         if (self._writes or self._priority_writes) and time.monotonic() - self._last_flush >= self.write_interval:
