@@ -1281,3 +1281,44 @@ def test_a_page_two_sitemaps_date_apart_is_dated_by_the_later_while_its_fetch_is
     assert log.count("/b.xml") == 1
     assert [p for p in log if p.startswith("/news/")] == [], log
     assert later.stat("vertical/sitemap/lastmod_moved") == 0
+def test_a_text_sitemap_lists_the_urls_on_its_lines():
+    body = ("\ufeffhttp://a.example/1\r\n\n  https://a.example/2?x=1  \n/relative\nnot a url\n"
+            "http://a.example/with space\nftp://a.example/f\nhttp://a.example/3").encode()
+    assert read_sitemap(body, BASE + "/s.txt") == ("text", [("http://a.example/1", None),
+                                                            ("https://a.example/2?x=1", None),
+                                                            ("http://a.example/3", None)])
+    assert read_sitemap(b"<html><body>Not found</body></html>", BASE + "/s.txt") == ("", [])
+    assert read_sitemap(b'{"error": "not found"}', BASE + "/s.txt") == ("", [])
+    many = "".join(f"http://a.example/{i}\n" for i in range(12)).encode()
+    assert len(read_sitemap(many, BASE + "/s.txt", limit=10)[1]) == 11  # one more: the caller counts the rest
+    # A .txt path, text/plain or gzip is read; a page served as HTML is not.
+    assert sitemap_body(Response(BASE + "/s.txt", body=b"http://a.example/1\n")) == b"http://a.example/1\n"
+    plain = Response(BASE + "/urls", body=b"http://a.example/1\n", headers={"Content-Type": "text/plain; charset=utf-8"})
+    assert sitemap_body(plain) == b"http://a.example/1\n"
+    assert sitemap_body(Response(BASE + "/s.txt.gz", body=gzip.compress(b"http://a.example/1\n"))) \
+        == b"http://a.example/1\n"
+    assert sitemap_body(Response(BASE + "/urls", body=b"http://a.example/1\n",
+                                 headers={"Content-Type": "text/html"})) is None
+
+
+def test_text_sitemaps_named_by_robots_txt_and_the_config_bring_their_pages(tmp_path):
+    """robots.txt names a text sitemap, the config a gzipped one; a third,
+    named too, answers an HTML error page with a 200. The pages the two list
+    are crawled, the third is counted unreadable, and a line that is no URL
+    costs nothing."""
+    pages = {"/robots.txt": (200, b"User-agent: *\nSitemap: /urls.txt\n"), "/": (200, html()),
+             "/urls.txt": (200, b"{base}/news/a\r\n\n{base}/news/b\nnot a url\n"),
+             "/more.txt.gz": (200, b""), "/soft404.txt": (200, b"<html><body>Not found</body></html>"),
+             **{f"/news/{p}": (200, html()) for p in "abc"}}
+    with serving(SmallSite(pages)) as server:
+        pages["/urls.txt"] = (200, pages["/urls.txt"][1].replace(b"{base}", server.url.encode()))
+        pages["/more.txt.gz"] = (200, gzip.compress(f"{server.url}/news/c\n".encode()))
+        site = small_site(tmp_path, "news", server.url, politeness={"delay": 0, "concurrency": 2},
+                          sitemaps=[f"{server.url}/more.txt.gz", f"{server.url}/soft404.txt"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+        log = list(server.log)
+    assert result.returncode == 0
+    assert sorted(p for p in log if p.startswith("/news/")) == ["/news/a", "/news/b", "/news/c"], log
+    assert result.stat("vertical/sitemap/text") == 2
+    assert result.stat("vertical/sitemap/unreadable") == 1
+    assert result.stat("vertical/sitemap/urls") == 3

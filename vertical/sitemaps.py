@@ -7,6 +7,9 @@ in the site config's ``sitemaps``) says which pages it has and, with
 as its SitemapSpider does; what the frontier makes of the entries is
 :meth:`vertical.scheduler.FrontierScheduler.sitemap_entries`.
 
+A text file of URLs, one per line, is a sitemap too (the protocol's
+simplest form, without lastmods): it lists pages, never other sitemaps.
+
 A syndication feed is a sitemap too, as the sitemaps.org protocol and the
 search engines take it (RSS 2.0, RSS 1.0, Atom 1.0 and 0.3): each item's
 link is a URL, the date it was last updated (or else published) its
@@ -44,9 +47,9 @@ if TYPE_CHECKING:
     from vertical.config import SiteConfig
 
 __all__ = ["META_SITEMAP", "ROBOTS_SITEMAPS_KEY", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry",
-           "feed_links", "granted", "gzip_cut", "lastmod_time", "read_feed", "read_sitemap", "reading_done",
-           "reading_key", "reading_lease", "readings", "robots_named", "robots_sitemaps", "sitemap_body",
-           "sitemap_max_size", "sitemap_wanted", "take_reading"]
+           "feed_links", "granted", "gzip_cut", "lastmod_time", "read_feed", "read_sitemap", "read_text",
+           "reading_done", "reading_key", "reading_lease", "readings", "robots_named", "robots_sitemaps",
+           "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
@@ -80,7 +83,7 @@ _FEEDS = {"rss", "RDF", "feed"}
 
 
 def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
-    """The XML of a sitemap response, gunzipped when it is gzip (a
+    """The XML or text of a sitemap response, gunzipped when it is gzip (a
     ``.xml.gz`` file, not a Content-Encoding, which the downloader already
     undid); None when it does not look like a sitemap or inflates past
     *max_size* bytes (0: no limit)."""
@@ -92,8 +95,9 @@ def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
     # A .xml.gz the server sent with Content-Encoding: gzip (Apache's
     # AddEncoding, nginx's gzip_static) arrives inflated, as Scrapy's
     # SitemapSpider knows.
-    if isinstance(response, XmlResponse) or urlsplit(response.url).path.endswith((".xml", ".xml.gz")) \
-            or response.body.lstrip()[:5] == b"<?xml":
+    if isinstance(response, XmlResponse) or urlsplit(response.url).path.endswith((".xml", ".xml.gz", ".txt")) \
+            or response.body.lstrip()[:5] == b"<?xml" \
+            or response.headers.get(b"Content-Type", b"").lower().startswith(b"text/plain"):
         return response.body
     return None
 
@@ -132,10 +136,13 @@ def lastmod_time(value: str | None) -> float | None:
 
 def read_sitemap(body: bytes, base_url: str,
                  limit: int = SITEMAP_MAX_ENTRIES) -> tuple[str, list[SitemapEntry]]:
-    """The sitemap's type (``urlset``, ``sitemapindex`` or ``feed``; anything
-    else lists nothing) and its first *limit* entries, ``<loc>`` made
-    absolute against *base_url* (the sitemap's own URL). One entry more
-    when there are more: the caller counts what it leaves."""
+    """The sitemap's type (``urlset``, ``sitemapindex``, ``feed`` or
+    ``text``; anything else lists nothing) and its first *limit* entries,
+    ``<loc>`` made absolute against *base_url* (the sitemap's own URL). One
+    entry more when there are more: the caller counts what it leaves."""
+    if not body.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"<"):
+        entries = read_text(body, limit)
+        return ("text" if entries else ""), entries
     try:
         sitemap = Sitemap(body)
     except Exception:  # lxml's XMLSyntaxError and friends: not a sitemap
@@ -149,6 +156,23 @@ def read_sitemap(body: bytes, base_url: str,
     entries = ((url, _date(e.get("lastmod")))
                for e in sitemap if e.get("loc") and (url := _absolute(base_url, e["loc"])))
     return sitemap.type, list(islice(entries, limit + 1))
+
+
+def read_text(body: bytes, limit: int = SITEMAP_MAX_ENTRIES) -> list[SitemapEntry]:
+    """The first *limit* URLs (and one more when there are more) of a text
+    sitemap: one full URL per line, UTF-8 (sitemaps.org). A line that is no
+    http(s) URL is skipped, as crawler-commons' parser skips it; a body
+    without one is no text sitemap (an error page, a JSON answer)."""
+    lines = (line.strip() for line in body.decode("utf-8", "replace").lstrip("\ufeff").splitlines())
+    return list(islice(((url, None) for url in lines if _full_url(url)), limit + 1))
+
+
+def _full_url(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and not any(c.isspace() for c in text)
 
 
 def robots_sitemaps(body: bytes, base_url: str) -> list[str]:
