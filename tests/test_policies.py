@@ -546,6 +546,22 @@ def test_a_date_without_its_hour_seen_before_the_fetch_dates_no_change_after_it(
     assert s.sitemap_read([(fresh, day10)], day10 + 20 * 3600)[0] == [fresh]  # 13/20 of the day after its fetch
 
 
+def test_todays_date_in_the_minute_after_midnight_is_a_date_and_a_precise_one_the_sitemaps_making():
+    """A date without its hour read 30 s after that midnight (a daily crawl
+    run by cron at 00:00) is noted as any date is, and the same date read
+    at 08:00 dates no change after a fetch at 00:01; a precise lastmod 30 s
+    before the reading is still the time the sitemap was generated."""
+    from vertical.policies.estimate import dates_a_change, generated, observe_listed
+
+    day10 = 10 * DAY
+    assert not generated(day10, day10 + 30) and generated(day10 + 3 * 3600 + 7, day10 + 3 * 3600 + 37)
+    page = rec(1, level=2)
+    assert observe_listed(page.extra, day10, day10 + 30, None)
+    page.visits, page.fetch_time = 1, day10 + 60
+    assert dates_a_change(page.extra, day10, page.fetch_time, day10 + 8 * 3600) == 0.0
+    assert not observe_listed(rec(2).extra, day10 + 3 * 3600 + 7, day10 + 3 * 3600 + 37, None)
+
+
 def rec_at(page: URLRecord, fetched: float) -> URLRecord:
     """``page`` fetched once, at ``fetched``."""
     page.visits, page.fetch_time = 1, fetched

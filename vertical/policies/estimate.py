@@ -71,6 +71,7 @@ __all__ = [
     "cho_regular",
     "counts",
     "dates_a_change",
+    "generated",
     "granularity",
     "history",
     "listed_history",
@@ -356,6 +357,16 @@ def observe_modified(extra: MutableMapping[str, Any], modified: float | None, no
     return False
 
 
+def generated(lastmod: float, now: float) -> bool:
+    """Whether a sitemap's ``lastmod`` read at ``now`` is most likely the
+    time the sitemap was generated (on request), not a change: one within a
+    minute of the reading (:data:`RENDERED`). Not a date without its hour:
+    in the minute after midnight today's date is as good a date as ever (a
+    daily crawl run by cron at midnight read it as nothing, and the next
+    reading brought back every page dated that day)."""
+    return now - lastmod < RENDERED and granularity(lastmod) < _DAY
+
+
 def listed_moved(held: float, lastmod: float) -> bool:
     """Whether a sitemap's ``lastmod`` moved from the one :data:`LISTED_KEY`
     holds (``held``, the end of its window as first seen). A date without its
@@ -400,8 +411,8 @@ def observe_listed(extra: MutableMapping[str, Any], lastmod: float, now: float, 
     A coarse lastmod (a date without its hour, :func:`granularity`) is taken
     at the end of its window. A lastmod within a minute of the reading is
     most likely the time the sitemap was generated, and counts for nothing,
-    as such a Last-Modified does."""
-    if lastmod > now or now - lastmod < RENDERED:
+    as such a Last-Modified does (:func:`generated`)."""
+    if lastmod > now or generated(lastmod, now):
         return False
     obs = extra.get(LISTED_KEY)
     if obs is not None and not listed_moved(float(obs[2]), lastmod):

@@ -28,13 +28,13 @@ from vertical.policies.base import FetchSchedule
 from vertical.policies.claims import CLAIM_KEY, CLAIMS_KEY, SitemapTruth, check_claim, note_claim
 from vertical.policies.estimate import (
     LISTED_KEY,
-    RENDERED,
     History,
     RateDistribution,
     changed_after,
     cho_irregular,
     counts,
     dates_a_change,
+    generated,
     history,
     listed_history,
     listed_moved,
@@ -583,7 +583,7 @@ class OptimalSchedule(FetchSchedule):
         written: dict[int, URLRecord] = {}
         moved = []
         for record, lastmod in listed:
-            if now - lastmod < RENDERED:
+            if generated(lastmod, now):
                 # The time the sitemap was generated (on request): no claim, no change.
                 continue
             # Before this reading's observation moves what the page holds.
