@@ -45,7 +45,7 @@ def test_budget_defaults_to_auto():
     ("5000", "not a budget: '5000' is text"), ("5/x", "not a budget: '5/x'"), ("x/d", "not a budget: 'x/d'"),
     ("1e9", r"'1e9' is text, not a number \(write 1e9/d, or a number YAML reads as one"),
     (0, "must be a positive number"), (-3, "must be a positive number"), (True, "must be a number"),
-    ([200], "must be a number"),
+    ([200], "must be a number"), (0.0000001, "less than one fetch a year"), ("0.01/w", "less than one fetch a year"),
 ])
 def test_bad_budget(value, problem):
     with pytest.raises(ConfigError, match=rf"<config>: refetch\.budget: .*{problem}"):

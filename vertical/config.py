@@ -764,6 +764,9 @@ class _SiteParser:
         per_day = self.number(value, path) * per
         if not math.isfinite(per_day) or per_day <= 0:
             self.fail(path, f"must be a positive number of fetches a day, not {raw!r}")
+        if per_day * 365 < 1:
+            # Most likely a slip (0.0000001 for 0.1): the crawl would fetch nothing, without a word.
+            self.fail(path, f"{raw!r} is less than one fetch a year: the crawl would fetch nothing")
         return per_day
 
     def refetch(self, data: dict[str, Any]) -> RefetchConfig:
