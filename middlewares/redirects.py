@@ -24,7 +24,9 @@ A sitemap (a direct request, ``dont_filter`` as every request of the crawl,
 so Scrapy's offsite filter lets its redirects through) is read where it
 redirects only within ``allowed_domains``; elsewhere the reading fails
 (``vertical/redirect/offsite``), and the other host is asked nothing, not
-even its robots.txt.
+even its robots.txt. A sitemap redirected back to a URL its chain of
+redirects passed, once Scrapy has followed one, is a loop: the reading
+fails (``vertical/redirect/loop``).
 
 A meta refresh to the page itself, to no URL, or to a scheme other than
 http(s) (``javascript:``), is no refresh, as for Scrapy's ``MetaRefreshMiddleware`` and browsers: the
@@ -123,6 +125,13 @@ class FrontierRedirectMiddleware:
         if not location:
             return
         target = _absolute(request, location)  # None: no URL, nowhere to read it
+        chain = request.meta.get("redirect_urls")
+        if chain and target in (*chain, request.url):
+            # Back to where the chain passed, after one redirect left to
+            # Scrapy (a cookie set and the sitemap asked again): a loop, which
+            # cost REDIRECT_MAX_TIMES requests at every reading.
+            self.stats.inc_value("vertical/redirect/loop")
+            raise IgnoreRequest(f"sitemap {chain[0]} redirects in a loop, back to {target}")
         site = self.crawler.engine.scheduler.site  # type: ignore[union-attr]
         if target is not None and sitemap_wanted(site, target, page=False):
             return

@@ -818,6 +818,20 @@ def test_a_sitemap_is_read_where_it_redirects_only_on_the_sites_hosts(tmp_path):
     assert result.stat("vertical/redirect/offsite") == 1 and result.stat("vertical/sitemap/failed") == 1
 
 
+def test_a_sitemap_that_redirects_in_a_loop_costs_two_requests(tmp_path):
+    """A sitemap redirected to itself, and two redirected to each other:
+    each reading fails at the second request (Scrapy followed 20)."""
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
+             "/loop.xml": (302, b""), "/ping.xml": (301, b""), "/pong.xml": (301, b"")}
+    with serving(SmallSite(pages)) as server:
+        server.locations = {"/loop.xml": "/loop.xml", "/ping.xml": "/pong.xml", "/pong.xml": f"{server.url}/ping.xml"}
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/loop.xml", f"{server.url}/ping.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+        log = list(server.log)
+    assert (log.count("/loop.xml"), log.count("/ping.xml"), log.count("/pong.xml")) == (2, 1, 1), log
+    assert result.stat("vertical/redirect/loop") == 2 and result.stat("vertical/sitemap/failed") == 2
+
+
 def test_a_url_listed_twice_is_dated_by_its_latest_lastmod(tmp_path):
     """A sitemap that lists a page twice, once with a lastmod that moved
     past its last fetch and once with an old one: the page is due, in
