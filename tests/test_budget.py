@@ -24,7 +24,8 @@ from vertical.config import ConfigError, parse_site
 from vertical.demo.server import HangUp, serve
 from vertical.demo.site import BulkSite, DemoResponse, DemoSite
 from vertical.frontier import open_frontier
-from vertical.budget import ALLOWANCE_KEY, PACE_BURST, RunAllowance, draw, pace_burst, spent_day
+from vertical.budget import (ALLOWANCE_KEY, PACE_BURST, RunAllowance, budget_set, day_budget, draw, pace_burst,
+                             spent_day)
 
 START = {"start_urls": ["http://a.example/"]}
 DAY = 86400.0
@@ -299,7 +300,9 @@ def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together
     assert "more than politeness allows" not in second.log
     frontier = open_frontier(f"sqlite:///{store}")
     try:
-        assert frontier.get_meta("bulk", "budget") == {"per_day": 400_000, "asked": 400_000, "ceiling": 3 * DAY / 0.5}
+        budget = frontier.get_meta("bulk", "budget")
+        assert budget.pop("before") == 172_800 and budget.pop("since") > 0  # the rise, for vertical-status
+        assert budget == {"per_day": 400_000, "asked": 400_000, "ceiling": 3 * DAY / 0.5}
         assert 400_000 - fetched <= frontier.get_meta("bulk", ALLOWANCE_KEY)["tokens"] <= 400_000
     finally:
         frontier.close()
@@ -465,6 +468,20 @@ def test_the_allowance_keeps_the_days_charges_by_the_hour():
     assert spent_day({"spent": [[0.0, 8.0]]}, DAY + 1800.0) == pytest.approx(4.0)
     # A store written before the charges were kept shows none (not zero).
     assert spent_day({"tokens": 3.0, "at": 0.0, "drawn": 1.0}, 10.0) is None
+
+
+def test_a_budget_changed_within_the_day_is_held_for_its_hours():
+    """The budget meta keeps when the fetches a day last changed and what
+    they were; the day's spend is held against each budget for its hours
+    (after lowering 100 to 20, the day's 100 fetches showed as 500%)."""
+    first = budget_set(None, {"per_day": 100.0, "asked": 100.0}, now=0.0)
+    assert first == {"per_day": 100.0, "asked": 100.0}
+    assert budget_set(first, {"per_day": 100.0, "asked": 100.0}, now=10.0) == first  # unchanged: nothing kept
+    lowered = budget_set(first, {"per_day": 20.0, "asked": 20.0}, now=DAY / 2)
+    assert lowered == {"per_day": 20.0, "asked": 20.0, "since": DAY / 2, "before": 100.0}
+    assert budget_set(lowered, {"per_day": 20.0, "asked": 20.0}, now=DAY) == lowered  # its runs after
+    assert day_budget(lowered, DAY / 2 + DAY / 4) == pytest.approx(20 * 0.25 + 100 * 0.75)
+    assert day_budget(lowered, 2 * DAY) == 20.0 and day_budget(first, DAY) == 100.0
 
 
 def test_a_continuous_crawl_waits_for_the_allowance_to_fill():
@@ -770,6 +787,29 @@ class FirstRequestFails:
                 raise HangUp
             return DemoResponse(503, {"Content-Type": "text/html"}, b"<h1>Busy</h1>")
         return self.site.render(path, host, headers, step)
+
+
+def test_vertical_status_holds_a_lowered_budget_for_its_hours(tmp_path):
+    """A daily run at 24 a day, then the budget lowered to 6 and a run 12
+    hours later: six hours after that, ``vertical-status`` holds the day's
+    spend against 24 for the 18 hours before the change and 6 for the 6
+    after (19.5), not against 6 alone (it showed 450%)."""
+    with serve(LibrarySite(documents=60)) as server:
+        store = tmp_path / "f.sqlite3"
+        crawl(_library(tmp_path, server.url, 24), store, tmp_path, tag="0")
+        crawl(_library(tmp_path, server.url, 6), store, tmp_path, tag="1", settings={"VERTICAL_TIME_OFFSET": DAY / 2})
+        fetched = sum(1 for r in server.requests if r["path"] != "/robots.txt")
+
+    def status(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "scrapy", "vertical-status", *args, "-s",
+                               f"VERTICAL_STORE=sqlite:///{store}", "-s", f"VERTICAL_TIME_OFFSET={0.75 * DAY}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout
+
+    budget = json.loads(status("--json"))["sites"]["library"]["budget"]
+    assert budget["per_day"] == 6 and budget["before"] == 24 and budget["spent"] == fetched
+    assert budget["day"] == pytest.approx(6 * 0.25 + 24 * 0.75, abs=0.01)
+    assert (f"of a budget of 6 a day ({fetched / budget['day']:.0%}; refetch.budget; 24 a day until 6h ago: "
+            f"19.5 over the day)") in status()
 
 
 def test_retries_are_fetches_of_the_budget(tmp_path):

@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ALLOWANCE_KEY", "PACE_BURST", "RunAllowance", "draw", "format_fetches", "pace_burst", "spent_day"]
+__all__ = ["ALLOWANCE_KEY", "PACE_BURST", "RunAllowance", "budget_set", "day_budget", "draw", "format_fetches",
+           "pace_burst", "spent_day"]
 
 DAY = 86400.0
 #: A paced crawl may spend this many seconds of its budget at once: enough
@@ -283,3 +284,28 @@ def spent_day(stored: Any, now: float) -> float | None:
         elif last > start:
             total += n * (last - start) / (last - first)
     return total
+
+
+def budget_set(stored: Any, budget: dict[str, Any], now: float) -> dict[str, Any]:
+    """The site meta ``budget`` once a crawl sets ``budget`` at ``now``:
+    when the fetches a day changed, it keeps since when (``"since"``) and
+    what they were before (``"before"``), for :func:`day_budget`. For the
+    store's ``update_meta``: pure."""
+    if not isinstance(stored, dict) or not stored.get("per_day"):
+        return dict(budget)
+    if stored["per_day"] == budget["per_day"]:
+        kept = {k: stored[k] for k in ("since", "before") if k in stored}
+        return {**budget, **kept}
+    return {**budget, "since": now, "before": stored["per_day"]}
+
+
+def day_budget(budget: dict[str, Any], now: float) -> float:
+    """The budget of the day before ``now``, to hold that day's spend
+    against: each budget for the hours it was in force (one changed an hour
+    ago held the day's other 23 hours to the one before it)."""
+    per_day = float(budget["per_day"])
+    since, before = budget.get("since"), budget.get("before")
+    if since is None or before is None or since <= now - DAY:
+        return per_day
+    share = min(max((now - float(since)) / DAY, 0.0), 1.0)
+    return per_day * share + float(before) * (1.0 - share)

@@ -78,7 +78,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
-from vertical.budget import ALLOWANCE_KEY, RunAllowance, draw, format_fetches
+from vertical.budget import ALLOWANCE_KEY, RunAllowance, budget_set, draw, format_fetches
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, slot_transferring, wake_engine
 from vertical.config import host_allowed
@@ -402,7 +402,8 @@ class FrontierScheduler(BaseScheduler):
         self.barren = BarrenGuard.for_site(site, _FilterOnly(self.seen), on_room=self._wake_engine)
         self._site_hosts.update(host_of(url) for url in site.start_urls)
         await self._fit_schedule(records)
-        await call(self.frontier.set_meta, site.name, "budget", self._budget)
+        await call(self.frontier.update_meta, site.name, "budget", partial(budget_set, budget=self._budget,
+                                                                          now=self.now()))
         # The schedule fits delays to the budget; the crawl must also keep
         # to it when more is due than the budget pays for.
         if site.refetch.budget:
@@ -556,7 +557,8 @@ class FrontierScheduler(BaseScheduler):
 
     def _write_budget(self) -> None:
         """Write the budget to the store's meta, once it changed during the run."""
-        self._call(self.frontier.set_meta, self.site.name, "budget", self._budget).addErrback(
+        set_budget = partial(budget_set, budget=self._budget, now=self.now())
+        self._call(self.frontier.update_meta, self.site.name, "budget", set_budget).addErrback(
             partial(self.store_failed, "meta"))
 
     def _host_delay(self, host: str, delay: float | None = None) -> float:

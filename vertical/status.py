@@ -38,7 +38,10 @@ and once a crawl with a ``refetch.budget`` has drawn from its allowance
 (:mod:`vertical.budget`), ``allowance``, the fetches the site's crawls may
 still start now (below zero when they owe fetches: retries made once it
 was spent), and ``spent``, the fetches charged to it in the day before
-``now``: the spend to hold against the budget.
+``now``: the spend to hold against the budget, and, when the budget
+changed within that day, ``day``, the day's budget (each budget for the
+hours it was in force: the meta keeps ``since`` when the fetches a day
+last changed, and what they were ``before``).
 It has ``sitemaps`` when its crawls have read sitemaps
 (:func:`sitemap_summary`).
 """
@@ -230,7 +233,7 @@ def _row(name: str, s: dict[str, Any], now: float) -> tuple[str, ...]:
     )
 
 
-def _spend(pages: int, budget: dict[str, Any] | None) -> str:
+def _spend(pages: int, budget: dict[str, Any] | None, now: float) -> str:
     """``"250 fetches (120 pages) in the last 24h of a budget of 200 a day
     (125%; ...)"``: the fetches charged to the allowance, or, where no
     crawl drew from one (``auto``), the pages fetched."""
@@ -246,7 +249,13 @@ def _spend(pages: int, budget: dict[str, Any] | None) -> str:
     source = "refetch.budget" if budget.get("asked") is not None else "auto: what politeness allows"
     if budget.get("asked") is not None and budget["asked"] > per_day:
         source = f"refetch.budget {format_fetches(budget['asked'])}, capped by politeness"
-    text = f"{text} of a budget of {format_fetches(per_day)} a day ({fetched / per_day:.0%}; {source})"
+    # A budget changed within the day: the day's spend is held against the
+    # day's budgets, each for its hours, not against the newest alone.
+    day = budget.get("day") or per_day
+    if day != per_day:
+        source += (f"; {format_fetches(budget['before'])} a day until {format_duration(now - budget['since'])} ago: "
+                   f"{format_fetches(day)} over the day")
+    text = f"{text} of a budget of {format_fetches(per_day)} a day ({fetched / day:.0%}; {source})"
     if (left := budget.get("allowance")) is not None:
         if left < 0:  # retries of the last pages under way, made when nothing was left
             text += f"; nothing left in its allowance now, {format_fetches(-left)} owed"
@@ -281,7 +290,7 @@ def render(summary: dict[str, dict[str, Any]], now: float) -> str:
         rows = [_COLUMNS, *(_row(h, s, now) for h, s in data["hosts"].items()), _row("(total)", total, now)]
         widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
         out.append(f"site {site}: {total['records']} records, last fetch {_ago(total['last_fetch'], now)}")
-        out.append(f"  spend: {_spend(total['fetched_day'], data.get('budget'))}")
+        out.append(f"  spend: {_spend(total['fetched_day'], data.get('budget'), now)}")
         if maps := data.get("sitemaps"):
             out.append(f"  sitemaps: {_sitemaps(maps, now)}")
         for row in rows:

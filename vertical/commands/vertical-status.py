@@ -24,7 +24,7 @@ from typing import Any
 
 from scrapy.exceptions import UsageError
 
-from vertical.budget import ALLOWANCE_KEY, draw, spent_day
+from vertical.budget import ALLOWANCE_KEY, day_budget, draw, spent_day
 from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import missing_store, open_store
 from vertical.policies.refetch import OptimalSchedule
@@ -55,6 +55,8 @@ def _budget(store: Any, site: str, now: float) -> dict[str, Any] | None:
             budget["allowance"] = math.floor(draw(stored, 0, now, budget["per_day"])["tokens"])
             if (spent := spent_day(stored, now)) is not None:
                 budget["spent"] = round(spent, 2)
+                if (day := day_budget(budget, now)) != budget["per_day"]:  # changed within the day
+                    budget["day"] = round(day, 2)
     return budget
 
 
