@@ -463,6 +463,10 @@ class VerticalSpider(Spider):
                 continue
             if sitemap_wanted(self.site, page, page=True):
                 pages.append((page, lastmod))
+        if skipped := len(entries) - len(pages):
+            logger.info("Sitemap %s: %d of its %d entries skipped (no URL, or not one the crawl follows)",
+                        response.url, skipped, len(entries))
+            stats.inc_value("vertical/sitemap/skipped", skipped)
         now = scheduler.now()
         if any(lastmod is not None and lastmod > now for _, lastmod in pages):
             # A lastmod not reached yet (the site's clock ahead) says nothing

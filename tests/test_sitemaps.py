@@ -1296,18 +1296,27 @@ def test_a_page_two_sitemaps_date_apart_is_dated_by_the_later_while_its_fetch_is
     assert [p for p in log if p.startswith("/news/")] == [], log
     assert later.stat("vertical/sitemap/lastmod_moved") == 0
 def test_a_text_sitemap_lists_the_urls_on_its_lines():
+    """One full URL a line, UTF-8: any other line is no URL (``""``), for the
+    crawl to count, and only ``\\n`` ends a line (U+2028 and a form feed cut
+    URLs in two). An XML sitemap in UTF-16 is still XML."""
     body = ("\ufeffhttp://a.example/1\r\n\n  https://a.example/2?x=1  \n/relative\nnot a url\n"
-            "http://a.example/with space\nftp://a.example/f\nhttp://a.example/3").encode()
-    assert read_sitemap(body, BASE + "/s.txt") == ("text", [("http://a.example/1", None),
-                                                            ("https://a.example/2?x=1", None),
-                                                            ("http://a.example/3", None)])
+            "http://a.example/with space\nftp://a.example/f\nhttp://a.example/a\u2028b\nhttp://a.example/c\x0cd\n"
+            "http://a.example/3").encode() + b"\nhttp://a.example/caf\xe9\n"
+    assert read_sitemap(body, BASE + "/s.txt") == ("text", [
+        ("http://a.example/1", None), ("https://a.example/2?x=1", None), *[("", None)] * 6,
+        ("http://a.example/3", None), ("", None)])
     assert read_sitemap(b"<html><body>Not found</body></html>", BASE + "/s.txt") == ("", [])
     assert read_sitemap(b'{"error": "not found"}', BASE + "/s.txt") == ("", [])
+    urlset = '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc></url></urlset>'
+    for encoding in ("utf-16", "utf-16-le"):
+        xml = f'<?xml version="1.0" encoding="{encoding.upper()}"?>{urlset}'.encode(encoding)
+        assert read_sitemap(xml, BASE + "/s.xml") == ("urlset", [(BASE + "/a", None)]), encoding
     many = "".join(f"http://a.example/{i}\n" for i in range(12)).encode()
     assert len(read_sitemap(many, BASE + "/s.txt", limit=10)[1]) == 11  # one more: the caller counts the rest
     # A .txt path, text/plain or gzip is read; a page served as HTML is not.
     assert sitemap_body(Response(BASE + "/s.txt", body=b"http://a.example/1\n")) == b"http://a.example/1\n"
-    plain = Response(BASE + "/urls", body=b"http://a.example/1\n", headers={"Content-Type": "text/plain; charset=utf-8"})
+    plain = Response(BASE + "/urls", body=b"http://a.example/1\n",
+                     headers={"Content-Type": "text/plain; charset=utf-8"})
     assert sitemap_body(plain) == b"http://a.example/1\n"
     assert sitemap_body(Response(BASE + "/s.txt.gz", body=gzip.compress(b"http://a.example/1\n"))) \
         == b"http://a.example/1\n"
@@ -1319,7 +1328,7 @@ def test_text_sitemaps_named_by_robots_txt_and_the_config_bring_their_pages(tmp_
     """robots.txt names a text sitemap, the config a gzipped one; a third,
     named too, answers an HTML error page with a 200. The pages the two list
     are crawled, the third is counted unreadable, and a line that is no URL
-    costs nothing."""
+    is counted skipped."""
     pages = {"/robots.txt": (200, b"User-agent: *\nSitemap: /urls.txt\n"), "/": (200, html()),
              "/urls.txt": (200, b"{base}/news/a\r\n\n{base}/news/b\nnot a url\n"),
              "/more.txt.gz": (200, b""), "/soft404.txt": (200, b"<html><body>Not found</body></html>"),
@@ -1336,3 +1345,4 @@ def test_text_sitemaps_named_by_robots_txt_and_the_config_bring_their_pages(tmp_
     assert result.stat("vertical/sitemap/text") == 2
     assert result.stat("vertical/sitemap/unreadable") == 1
     assert result.stat("vertical/sitemap/urls") == 3
+    assert result.stat("vertical/sitemap/skipped") == 1 and "1 of its 3 entries skipped" in result.log

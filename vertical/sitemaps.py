@@ -140,9 +140,10 @@ def read_sitemap(body: bytes, base_url: str,
     ``text``; anything else lists nothing) and its first *limit* entries,
     ``<loc>`` made absolute against *base_url* (the sitemap's own URL). One
     entry more when there are more: the caller counts what it leaves."""
-    if not body.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"<"):
+    if _plain_text(body):
         entries = read_text(body, limit)
-        return ("text" if entries else ""), entries
+        # Not one URL: an error page, a JSON answer.
+        return ("text", entries) if any(url for url, _ in entries) else ("", [])
     try:
         sitemap = Sitemap(body)
     except Exception:  # lxml's XMLSyntaxError and friends: not a sitemap
@@ -159,12 +160,32 @@ def read_sitemap(body: bytes, base_url: str,
 
 
 def read_text(body: bytes, limit: int = SITEMAP_MAX_ENTRIES) -> list[SitemapEntry]:
-    """The first *limit* URLs (and one more when there are more) of a text
-    sitemap: one full URL per line, UTF-8 (sitemaps.org). A line that is no
-    http(s) URL is skipped, as crawler-commons' parser skips it; a body
-    without one is no text sitemap (an error page, a JSON answer)."""
-    lines = (line.strip() for line in body.decode("utf-8", "replace").lstrip("\ufeff").splitlines())
-    return list(islice(((url, None) for url in lines if _full_url(url)), limit + 1))
+    """The first *limit* lines (and one more when there are more) of a text
+    sitemap: one full URL per line, in UTF-8 (sitemaps.org). A line that is
+    no http(s) URL (a path, a word, bytes that are no UTF-8, a space inside)
+    is listed as ``""``, no URL, for the caller to count and skip, as
+    crawler-commons' parser skips it. Lines end at ``\\n`` alone: the other
+    line ends Python knows (form feed, U+2028) cut a URL in two."""
+    entries: list[SitemapEntry] = []
+    for raw in body.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
+        if not (line := raw.strip()):
+            continue
+        try:
+            url = line.decode("utf-8")
+        except UnicodeDecodeError:
+            url = ""
+        entries.append((url if _full_url(url) else "", None))
+        if len(entries) > limit:
+            break
+    return entries
+
+
+def _plain_text(body: bytes) -> bool:
+    """Whether a sitemap body may be a text one rather than XML: not markup,
+    nor UTF-16 or UTF-32 (a byte order mark, or the NUL bytes of ``<``),
+    which an XML sitemap may be and a text one may not."""
+    head = body.lstrip(b"\xef\xbb\xbf \t\r\n")[:4]
+    return not head.startswith((b"<", b"\xff\xfe", b"\xfe\xff")) and b"\x00" not in head
 
 
 def _full_url(text: str) -> bool:
