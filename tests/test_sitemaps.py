@@ -1239,62 +1239,71 @@ class _Ordered(_Handler):
         super().do_GET()
 
 
-@pytest.mark.parametrize("schedule", ["adaptive", "optimal"])
-def test_a_page_two_sitemaps_date_apart_is_dated_by_the_later_while_its_fetch_is_under_way(tmp_path, schedule):
+@pytest.mark.parametrize(("schedule", "processes", "backend"), [
+    ("adaptive", 1, "sqlite"), ("optimal", 1, "sqlite"), ("adaptive", 2, "sqlite"), ("optimal", 2, "redis")])
+def test_a_page_two_sitemaps_date_apart_is_dated_by_the_later_while_its_fetch_is_under_way(
+        request, tmp_path, schedule, processes, backend):
     """Two sitemaps list the same ten pages, ``/a.xml`` dated yesterday and
     ``/b.xml`` today, by the day. ``/a.xml`` is answered first and brings
-    the pages, which this process claims at once; ``/b.xml`` is read while
-    their fetches are under way, and the pages are answered only once its
-    date is in the store. Their fetches came after both dates were shown,
-    so a reading later that morning that shows the same dates dates no
-    change after them. The date ``/b.xml`` gave went only to the stored
+    the pages, which the process that read it claims at once; ``/b.xml`` is
+    read while their fetches are under way (by the same process, or by a
+    second one whose config names only it), and the pages are answered only
+    once its date is in the store. Their fetches came after both dates were
+    shown, so a reading later that morning that shows the same dates dates
+    no change after them. The date ``/b.xml`` gave went only to the stored
     records, and each fetch wrote back the record it held, dated yesterday:
-    the next reading brought all ten back."""
+    the next reading brought all ten back (10 of 10 with one process, and
+    with two on SQLite and on Redis)."""
     morning = (time.time() // DAY) * DAY + DAY / 4
     today = datetime.fromtimestamp(morning, UTC).strftime("%Y-%m-%d")
     yesterday = datetime.fromtimestamp(morning - DAY, UTC).strftime("%Y-%m-%d")
     paths = [f"/news/p{i}" for i in range(10)]
-
-    def urlset(day: str) -> bytes:
-        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
-            f"<url><loc>{p}</loc><lastmod>{day}</lastmod></url>" for p in paths) + "</urlset>").encode()
-
-    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
-             "/a.xml": (200, urlset(yesterday)), "/b.xml": (200, urlset(today)), **{p: (200, html()) for p in paths}}
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), **{p: (200, html()) for p in paths}}
     server = SmallSite(pages)
     server.RequestHandlerClass = _Ordered
     server.asked, server.noted = threading.Event(), threading.Event()  # type: ignore[attr-defined]
-    store = tmp_path / "f.sqlite3"
+    store = f"sqlite:///{tmp_path / 'f.sqlite3'}" if backend == "sqlite" else request.getfixturevalue("redis_url")
 
     def dated_today() -> bool:
-        if not store.exists():
-            return False
-        frontier = open_frontier(f"sqlite:///{store}")
-        try:
+        with open_frontier(store) as frontier:
             found = [r for r in frontier.iter_records("news") if r.url.split("/", 3)[3].startswith("news/")]
-        finally:
-            frontier.close()
         return len(found) == len(paths) and all(r.extra[LISTED_KEY][2] > morning - DAY / 4 for r in found)
 
     with serving(server):
-        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/a.xml", f"{server.url}/b.xml"],
-                          politeness={"delay": 0, "concurrency": 4},
-                          refetch={"schedule": schedule, "initial": "2d", "min": "1h"})
+        def urlset(day: str) -> bytes:
+            return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
+                f"<url><loc>{server.url}{p}</loc><lastmod>{day}</lastmod></url>" for p in paths) + "</urlset>").encode()
+
+        pages.update({"/a.xml": (200, urlset(yesterday)), "/b.xml": (200, urlset(today))})
+        # The sitemaps on a host of their own: a reading held on the pages'
+        # host would hold that host's turn, which the processes share.
+        maps = [f"{server.url.replace('127.0.0.1', 'localhost')}/{name}.xml" for name in "ab"]
+
+        def config(directory: str, sitemaps: list[str]) -> Path:
+            (tmp_path / directory).mkdir(exist_ok=True)
+            return small_site(tmp_path / directory, "news", server.url, sitemaps=sitemaps,
+                              allowed_domains=["127.0.0.1", "localhost"], politeness={"delay": 0, "concurrency": 4},
+                              refetch={"schedule": schedule, "initial": "2d", "min": "1h"})
+
         offset = morning - time.time()
         settings = {"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": offset}
-        first = start_crawl(site, store, tmp_path / "1", settings=settings)
+        sites = [config("both", maps)] if processes == 1 else [config("a", maps[:1]), config("b", maps[1:])]
+        first = [start_crawl(site, store, tmp_path / f"run{i}", settings=settings) for i, site in enumerate(sites)]
         try:
             wait_for(dated_today, timeout=120)
         finally:
             server.noted.set()  # type: ignore[attr-defined]
-        assert first.wait(timeout=120) == 0
+        assert [p.wait(timeout=120) for p in first] == [0] * processes
         assert sorted(p for p in server.log if p.startswith("/news/")) == paths
         server.log.clear()
-        later = crawl(site, store, tmp_path, tag="2", settings={**settings, "VERTICAL_TIME_OFFSET": offset + 1800})
+        later = crawl(config("both", maps), store, tmp_path, tag="2",
+                      settings={**settings, "VERTICAL_TIME_OFFSET": offset + 1800})
         log = list(server.log)
     assert log.count("/b.xml") == 1
     assert [p for p in log if p.startswith("/news/")] == [], log
     assert later.stat("vertical/sitemap/lastmod_moved") == 0
+
+
 def test_a_text_sitemap_lists_the_urls_on_its_lines():
     """One full URL a line, UTF-8: any other line is no URL (``""``), for the
     crawl to count, and only ``\\n`` ends a line (U+2028 and a form feed cut

@@ -391,13 +391,6 @@ class FrontierCommit:
         renewed until they are written (the write is fenced on the claim)."""
         return [*self._pages, *self._writes, *self._saving]
 
-    def waiting(self, fp: int) -> URLRecord | None:
-        """The record of ``fp`` if it waits here for its items or its write
-        (the copy that will be written), else None."""
-        if (page := self._pages.get(fp)) is not None:
-            return page.record
-        return self._writes.get(fp)
-
     def maintain(self) -> None:
         """Flush writes older than the write interval (called by the scheduler)."""
         if (self._writes or self._priority_writes) and time.monotonic() - self._last_flush >= self.write_interval:
@@ -452,7 +445,7 @@ class FrontierCommit:
         records = list(writes.values())
         try:
             if records:
-                rejected = await call(frontier.save, records, owner=owner, outbox=outbox, outbox_done=done)
+                rejected = await call(self._save, records, owner, outbox, done)
             else:
                 await call(frontier.outbox_drop, site, owner, done)
                 rejected = []
@@ -476,6 +469,14 @@ class FrontierCommit:
             logger.warning("%d records were taken over by another process; not written", len(rejected))
         self.stats.inc_value("vertical/commit/records", len(records) - len(rejected))
         scheduler.written()
+
+    def _save(self, records: list[URLRecord], owner: str, outbox: dict[int, list[tuple[int, str]]],
+              done: list[int]) -> list[URLRecord]:  # on the store thread
+        """Write back ``records`` fenced on this process's claims, with what
+        sitemap readings noted on them while they were held."""
+        scheduler = self.scheduler
+        scheduler.keep_listed(records)
+        return scheduler.frontier.save(records, owner=owner, outbox=outbox, outbox_done=done)
 
     async def _end(self, **kwargs: Any) -> None:
         """The feeds are closed (or there are none): drop the rows they now

@@ -85,7 +85,7 @@ from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
-from vertical.policies.estimate import LISTED_KEY, dates_a_change, observe_listed
+from vertical.policies.estimate import dates_a_change, keep_later_listed, observe_listed
 from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
@@ -776,18 +776,6 @@ class FrontierScheduler(BaseScheduler):
             self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
             due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
             written = [*written, *noted]
-            for record in written:
-                # The store's copy gets the note, but the copy this process
-                # holds is the one its commit writes back: without the note
-                # there, a date shown before the page's fetch was lost, and
-                # the next reading of it brought the page back unchanged.
-                # (Only the date: a claim is for the fetch after the reading.)
-                if (held := self._held(record)) is None:
-                    continue
-                if (listed := record.extra.get(LISTED_KEY)) is None:
-                    held.extra.pop(LISTED_KEY, None)
-                else:
-                    held.extra[LISTED_KEY] = list(listed)
             # Brought forward: not those due already (a page listed in two
             # sitemaps, brought by the first reading).
             forward = sum(1 for r in due if r.next_fetch > now)
@@ -1017,16 +1005,17 @@ class FrontierScheduler(BaseScheduler):
         """Was ``record`` handed out by this scheduler and not yet settled?"""
         return self._inflight.get(record.fingerprint) is record
 
-    def _held(self, record: URLRecord) -> URLRecord | None:
-        """This process's own copy of ``record`` (another copy of the same
-        URL): queued, in flight or waiting for its write, the copy its
-        commit writes back. None if it holds none."""
-        fp = record.fingerprint
-        if (held := self._inflight.get(fp)) is not None:
-            return held
-        if fp in self._queued:
-            return next((r for _, _, r in self._queues.get(record.host, ()) if r.fingerprint == fp), None)
-        return self.commit.waiting(fp)
+    def keep_listed(self, records: Sequence[URLRecord]) -> None:  # on the store thread
+        """Before the write-back of ``records``, claimed by this process:
+        the dates a sitemap reading noted on their stored copies meanwhile,
+        by this process or another (:meth:`sitemap_entries` writes only to
+        the store), kept where later than the copy written back. Written
+        over, a date the page's sitemaps showed before its fetch was lost,
+        and the next reading of it brought the page back unchanged."""
+        stored = self.frontier.get_many(self.site.name, [r.fingerprint for r in records])
+        for record in records:
+            if (copy := stored.get(record.fingerprint)) is not None:
+                keep_later_listed(record.extra, copy.extra)
 
     def wake(self, host: str, state: str) -> Deferred[int]:
         """Make a host's records in a parked ``state`` due now (its

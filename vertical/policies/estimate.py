@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Iterable, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -72,6 +72,7 @@ __all__ = [
     "counts",
     "dates_a_change",
     "generated",
+    "keep_later_listed",
     "granularity",
     "history",
     "listed_history",
@@ -426,6 +427,22 @@ def observe_listed(extra: MutableMapping[str, Any], lastmod: float, now: float, 
     obs[0] += 1
     obs[1] += held - old
     obs[2] = lastmod
+    return True
+
+
+def keep_later_listed(extra: MutableMapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Keep in ``extra`` the :data:`LISTED_KEY` note of ``stored`` (another
+    copy of the page's record) when it holds a later lastmod: a lastmod only
+    moves forward, and a note written to one copy while another was held
+    for a fetch must survive that copy's write. Returns whether ``extra``
+    changed."""
+    theirs = stored.get(LISTED_KEY)
+    if theirs is None:
+        return False
+    mine = extra.get(LISTED_KEY)
+    if mine is not None and float(mine[2]) >= float(theirs[2]):
+        return False
+    extra[LISTED_KEY] = list(theirs)
     return True
 
 
