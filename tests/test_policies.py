@@ -562,6 +562,20 @@ def test_todays_date_in_the_minute_after_midnight_is_a_date_and_a_precise_one_th
     assert not observe_listed(rec(2).extra, day10 + 3 * 3600 + 7, day10 + 3 * 3600 + 37, None)
 
 
+def test_a_write_back_keeps_the_later_of_two_sitemap_notes():
+    """The copy held for a fetch keeps the note a reading wrote to the
+    stored copy meanwhile when it is later, and its own otherwise."""
+    from vertical.policies.estimate import keep_later_listed
+
+    held, stored = {LISTED_KEY: [1, 0.0, 10 * DAY]}, {LISTED_KEY: [2, 5.0, 11 * DAY], "chg": [1, 0, 0, 0]}
+    assert keep_later_listed(held, stored) and held == {LISTED_KEY: [2, 5.0, 11 * DAY]}
+    assert held[LISTED_KEY] is not stored[LISTED_KEY]  # a copy: the stored record is not this one's
+    assert not keep_later_listed(held, {LISTED_KEY: [1, 0.0, 10 * DAY]}) and held[LISTED_KEY][2] == 11 * DAY
+    assert not keep_later_listed(held, {})
+    fresh: dict = {}
+    assert keep_later_listed(fresh, stored) and fresh == {LISTED_KEY: [2, 5.0, 11 * DAY]}
+
+
 def rec_at(page: URLRecord, fetched: float) -> URLRecord:
     """``page`` fetched once, at ``fetched``."""
     page.visits, page.fetch_time = 1, fetched
