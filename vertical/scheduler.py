@@ -85,7 +85,7 @@ from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
-from vertical.policies.estimate import dates_a_change, keep_later_listed, observe_listed
+from vertical.policies.estimate import LISTED_KEY, dates_a_change, keep_later_listed, observe_listed
 from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
@@ -762,20 +762,23 @@ class FrontierScheduler(BaseScheduler):
         def fetched() -> list[URLRecord]:  # on the store thread
             # Not a page gone, parked or failing: its recheck or its
             # backoff decides when it is asked again, not its lastmod.
-            return [r for r in self.frontier.get_many(site, lastmods).values()
-                    if r.state not in (GONE, FORBIDDEN, TRAP) and not r.extra.get("failures")]
-
-        def worth(known: list[URLRecord]) -> Deferred[int] | int:
+            known = [r for r in self.frontier.get_many(site, lastmods).values()
+                     if r.state not in (GONE, FORBIDDEN, TRAP) and not r.extra.get("failures")]
             # A page not fetched yet is due already; the date shown before
-            # its first fetch is noted, as for a URL first found here.
+            # its first fetch is noted, as for a URL first found here, in
+            # the same turn of the store thread as the read: a write-back
+            # between the two would leave it out (unfetched_only).
             noted = [r for r in known if not r.visits
                      and observe_listed(r.extra, lastmods[r.fingerprint], now, None)]
-            known = [r for r in known if r.visits]
+            if noted:
+                self.frontier.save_priorities(site, noted, (LISTED_KEY,), unfetched_only=True)
+            return [r for r in known if r.visits]
+
+        def worth(known: list[URLRecord]) -> Deferred[int] | int:
             # The schedule's state lives on the reactor: decide here.
             moved = sum(1 for r in known if dates_a_change(r.extra, lastmods[r.fingerprint], r.fetch_time, now))
             self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
             due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
-            written = [*written, *noted]
             # Brought forward: not those due already (a page listed in two
             # sitemaps, brought by the first reading).
             forward = sum(1 for r in due if r.next_fetch > now)
