@@ -562,6 +562,21 @@ def test_todays_date_in_the_minute_after_midnight_is_a_date_and_a_precise_one_th
     assert not observe_listed(rec(2).extra, day10 + 3 * 3600 + 7, day10 + 3 * 3600 + 37, None)
 
 
+def test_a_date_first_shown_after_the_fetch_dates_a_change_no_later_than_that():
+    """Fetched at 07:00, a page's date "day 10" first shown at 07:00:04: at
+    20:00 the same date dates a change after the fetch with the odds of
+    those four seconds (it was those of the thirteen hours since); a date
+    that moves is taken to the reading as before."""
+    from vertical.policies.estimate import dates_a_change, observe_listed
+
+    day10 = 10 * DAY
+    page = rec(1, level=2)
+    page.visits, page.fetch_time = 1, day10 + 7 * 3600
+    assert observe_listed(page.extra, day10, day10 + 7 * 3600 + 4, None)
+    assert dates_a_change(page.extra, day10, page.fetch_time, day10 + 20 * 3600) == pytest.approx(4 / (7 * 3600 + 4))
+    assert dates_a_change(page.extra, day10 + DAY, page.fetch_time, day10 + DAY + 3600) == 1.0
+
+
 def test_a_write_back_keeps_the_later_of_two_sitemap_notes():
     """The copy held for a fetch keeps the note a reading wrote to the
     stored copy meanwhile when it is later, and its own otherwise."""

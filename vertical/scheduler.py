@@ -776,9 +776,13 @@ class FrontierScheduler(BaseScheduler):
 
         def worth(known: list[URLRecord]) -> Deferred[int] | int:
             # The schedule's state lives on the reactor: decide here.
-            moved = sum(1 for r in known if dates_a_change(r.extra, lastmods[r.fingerprint], r.fetch_time, now))
-            self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
+            # Moved after the last fetch: more likely than not (before the
+            # reading's note moves), or enough for the schedule to bring it.
+            likely = {id(r) for r in known
+                      if dates_a_change(r.extra, lastmods[r.fingerprint], r.fetch_time, now) >= 0.5}
             due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
+            moved = len(likely | {id(r) for r in due})
+            self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
             # Brought forward: not those due already (a page listed in two
             # sitemaps, brought by the first reading).
             forward = sum(1 for r in due if r.next_fetch > now)

@@ -380,13 +380,15 @@ def dates_a_change(extra: MutableMapping[str, Any], lastmod: float, fetched: flo
                    rate: float = 0.0) -> float:
     """The odds that a sitemap read at ``now`` dates, with ``lastmod``, a
     change of the page after its fetch at ``fetched`` (see
-    :func:`changed_after`), but none for a lastmod the page's sitemaps
-    already showed before that fetch (:data:`LISTED_KEY`): a date without
-    its hour that does not move tells nothing of a change later that day,
-    and at every reading of the day it brought the page again."""
+    :func:`changed_after`). A lastmod the page's sitemaps already showed
+    (:data:`LISTED_KEY`) dates a change no later than when it was first
+    seen: none for one shown before the fetch, and for one first seen a few
+    seconds after it, the odds of those seconds. A date without its hour
+    that does not move tells nothing of a change later that day; taken for
+    the whole day, it brought the page again at every reading of the day."""
     obs = extra.get(LISTED_KEY)
-    if obs is not None and fetched >= float(obs[2]) and not listed_moved(float(obs[2]), lastmod):
-        return 0.0
+    if obs is not None and not listed_moved(float(obs[2]), lastmod):
+        now = min(now, float(obs[2]))
     return changed_after(lastmod, fetched, now, rate)
 
 

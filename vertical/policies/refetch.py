@@ -30,7 +30,6 @@ from vertical.policies.estimate import (
     LISTED_KEY,
     History,
     RateDistribution,
-    changed_after,
     cho_irregular,
     counts,
     dates_a_change,
@@ -76,9 +75,11 @@ BROUGHT_KEY = "brought"
 #: one reading brings forward at most this many: a sitemap that dates every
 #: page "now" would otherwise make the whole site due at its first reading.
 TRUST_AFTER = 20
-#: A claim believed with smaller odds brings no page forward, however cheap a
-#: fetch: the price of a fetch prices the crawl's budget, not the site's
-#: patience, and with a budget that only politeness bounds it is nothing.
+#: A claim believed with smaller odds (that the sitemap tells the truth, times
+#: that the change came after the fetch: a date first shown seconds after
+#: it) brings no page forward, however cheap a fetch: the price of a fetch
+#: prices the crawl's budget, not the site's patience, and with a budget
+#: that only politeness bounds it is nothing.
 TRUST_FLOOR = 0.1
 #: Seconds: sitemaps read within this time of each other are one reading
 #: (those of an index), for the time since the reading before.
@@ -549,7 +550,8 @@ class OptimalSchedule(FetchSchedule):
         if self.lastmod_due != "worth":
             return self.lastmod_due == "always"
         rate = self.rate(record)
-        return self._sitemap_worth(record, changed_after(modified, record.fetch_time, now, rate), rate, now) > 1.0
+        odds = dates_a_change(record.extra, modified, record.fetch_time, now, rate)
+        return self._sitemap_worth(record, odds, rate, now) > 1.0
 
     def _sitemap_worth(self, record: URLRecord, odds: float, rate: float, now: float) -> float:
         """The freshness a fetch now buys, in prices of a fetch, of a page
@@ -558,7 +560,7 @@ class OptimalSchedule(FetchSchedule):
         if wait <= 0:
             return 0.0  # due already
         trust = self.sitemap_trust(record)
-        if trust < TRUST_FLOOR:
+        if trust * odds < TRUST_FLOOR:
             return 0.0
         gain = wait if rate <= 0 else -math.expm1(-rate * wait) / rate
         gain *= odds * trust
@@ -634,7 +636,7 @@ class OptimalSchedule(FetchSchedule):
         learning = self.lastmod_due == "worth" and self.sitemap_truth.pages < TRUST_AFTER
         for record, modified in moved:
             rate = self.rate(record)
-            odds = changed_after(modified, record.fetch_time, now, rate)
+            odds = dates_a_change(record.extra, modified, record.fetch_time, now, rate)
             if odds <= 0:
                 continue
             if note_claim(record.extra, odds):
