@@ -193,6 +193,7 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
     # what it was charged is what the server answered.
     assert per_day - fetched <= summary["budget"].pop("allowance") <= per_day
     assert summary["budget"].pop("spent") == fetched
+    assert [value for _, value in summary["budget"].pop("history")] == [per_day]
     assert summary["budget"] == {"per_day": per_day, "asked": per_day, "ceiling": 2 * DAY / 0.05}
     assert 0 < summary["total"]["fetched_day"] <= fetched
     text = subprocess.run(
@@ -301,7 +302,8 @@ def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together
     frontier = open_frontier(f"sqlite:///{store}")
     try:
         budget = frontier.get_meta("bulk", "budget")
-        assert budget.pop("before") == 172_800 and budget.pop("since") > 0  # the rise, for vertical-status
+        history = budget.pop("history")  # the rise, for vertical-status
+        assert [value for _, value in history] == [172_800, 400_000]
         assert budget == {"per_day": 400_000, "asked": 400_000, "ceiling": 3 * DAY / 0.5}
         assert 400_000 - fetched <= frontier.get_meta("bulk", ALLOWANCE_KEY)["tokens"] <= 400_000
     finally:
@@ -471,17 +473,34 @@ def test_the_allowance_keeps_the_days_charges_by_the_hour():
 
 
 def test_a_budget_changed_within_the_day_is_held_for_its_hours():
-    """The budget meta keeps when the fetches a day last changed and what
-    they were; the day's spend is held against each budget for its hours
-    (after lowering 100 to 20, the day's 100 fetches showed as 500%)."""
-    first = budget_set(None, {"per_day": 100.0, "asked": 100.0}, now=0.0)
-    assert first == {"per_day": 100.0, "asked": 100.0}
-    assert budget_set(first, {"per_day": 100.0, "asked": 100.0}, now=10.0) == first  # unchanged: nothing kept
-    lowered = budget_set(first, {"per_day": 20.0, "asked": 20.0}, now=DAY / 2)
-    assert lowered == {"per_day": 20.0, "asked": 20.0, "since": DAY / 2, "before": 100.0}
-    assert budget_set(lowered, {"per_day": 20.0, "asked": 20.0}, now=DAY) == lowered  # its runs after
+    """The budget meta keeps the day's budgets, each since when; the day's
+    spend is held against each for the hours it was in force (after
+    lowering 100 to 20, the day's 100 fetches showed as 500%). Hours under
+    ``auto`` charge no allowance, and count for nothing."""
+    def at(per_day: float | None, stored: dict | None, now: float) -> dict:
+        budget = {"per_day": 6912000.0 if per_day is None else per_day, "asked": per_day}
+        return budget_set(stored, budget, now)
+
+    first = at(100.0, None, 0.0)
+    assert first["history"] == [[0.0, 100.0]] and at(100.0, first, 10.0) == first  # unchanged: nothing added
+    lowered = at(20.0, first, DAY / 2)
+    assert lowered["history"] == [[0.0, 100.0], [DAY / 2, 20.0]]
     assert day_budget(lowered, DAY / 2 + DAY / 4) == pytest.approx(20 * 0.25 + 100 * 0.75)
     assert day_budget(lowered, 2 * DAY) == 20.0 and day_budget(first, DAY) == 100.0
+    # Lowered twice: 24 from 0h, 12 from 8h, 6 from 16h, seen at 23.9h.
+    twice = at(6.0, at(12.0, at(24.0, None, 0.0), 8 * 3600), 16 * 3600)
+    assert day_budget(twice, 23.9 * 3600) == pytest.approx((24 * 8.1 + 12 * 8 + 6 * 7.9) / 24)
+    # Lowered and raised back a minute later: the day's budget is the first.
+    back = at(24.0, at(6.0, at(24.0, None, 0.0), DAY / 2), DAY / 2 + 60)
+    assert day_budget(back, 0.75 * DAY) == pytest.approx(24 - 18 * 60 / DAY)
+    # From auto: its hours count for nothing; to auto, as a budget of its own.
+    assert day_budget(at(6.0, at(None, None, 0.0), DAY / 2), 0.75 * DAY) == 6.0
+    assert day_budget(at(None, first, DAY / 2), 0.75 * DAY) == 100.0
+    # Only the budget in force when the day began, and those since, are kept.
+    later = at(30.0, twice, DAY + 17 * 3600)
+    assert later["history"] == [[16 * 3600, 6.0], [DAY + 17 * 3600, 30.0]]
+    # A meta written before the history was kept: its budget since before the day.
+    assert at(20.0, {"per_day": 100.0, "asked": 100.0}, DAY)["history"] == [[0.0, 100.0], [DAY, 20.0]]
 
 
 def test_a_continuous_crawl_waits_for_the_allowance_to_fill():
@@ -806,7 +825,8 @@ def test_vertical_status_holds_a_lowered_budget_for_its_hours(tmp_path):
                               cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout
 
     budget = json.loads(status("--json"))["sites"]["library"]["budget"]
-    assert budget["per_day"] == 6 and budget["before"] == 24 and budget["spent"] == fetched
+    assert budget["per_day"] == 6 and [value for _, value in budget["history"]] == [24, 6]
+    assert budget["spent"] == fetched
     assert budget["day"] == pytest.approx(6 * 0.25 + 24 * 0.75, abs=0.01)
     assert (f"of a budget of 6 a day ({fetched / budget['day']:.0%}; refetch.budget; 24 a day until 6h ago: "
             f"19.5 over the day)") in status()

@@ -129,9 +129,13 @@ def test_the_spend_is_the_fetches_charged_to_the_allowance():
             "nothing left in its allowance now, 1 owed") in render(summary, NOW)
     # Lowered from 100 to 20 six hours ago: the day's spend against 80, the day's budget.
     summary["books"]["budget"] = {"per_day": 20.0, "asked": 20.0, "allowance": 0, "spent": 60.0,
-                                  "since": NOW - 6 * HOUR, "before": 100.0, "day": 80.0}
+                                  "history": [[0.0, 100.0], [NOW - 6 * HOUR, 20.0]], "day": 80.0}
     assert (f"spend: 60 fetches ({pages} pages) in the last 24h of a budget of 20 a day (75%; refetch.budget; "
             "100 a day until 6h ago: 80 over the day); 0 left in its allowance now") in render(summary, NOW)
+    # Lowered twice, from auto: each budget of the day named.
+    summary["books"]["budget"]["history"] = [[0.0, None], [NOW - 16 * HOUR, 100.0], [NOW - 6 * HOUR, 20.0]]
+    assert "(75%; refetch.budget; auto until 16h ago, 100 a day until 6h ago: 80 over the day)" \
+        in render(summary, NOW)
     summary["books"]["budget"] = {"per_day": 86400.0, "asked": None, "ceiling": 86400.0}
     assert (f"spend: {pages} pages fetched in the last 24h of a budget of 86,400 a day (0%; auto: what "
             "politeness allows)") in render(summary, NOW)

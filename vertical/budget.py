@@ -287,25 +287,44 @@ def spent_day(stored: Any, now: float) -> float | None:
 
 
 def budget_set(stored: Any, budget: dict[str, Any], now: float) -> dict[str, Any]:
-    """The site meta ``budget`` once a crawl sets ``budget`` at ``now``:
-    when the fetches a day changed, it keeps since when (``"since"``) and
-    what they were before (``"before"``), for :func:`day_budget`. For the
-    store's ``update_meta``: pure."""
-    if not isinstance(stored, dict) or not stored.get("per_day"):
-        return dict(budget)
-    if stored["per_day"] == budget["per_day"]:
-        kept = {k: stored[k] for k in ("since", "before") if k in stored}
-        return {**budget, **kept}
-    return {**budget, "since": now, "before": stored["per_day"]}
+    """The site meta ``budget`` once a crawl sets ``budget`` at ``now``,
+    with ``"history"``: ``[since, fetches a day]`` for each budget in force
+    within the last day, oldest first (None for ``auto``, which no
+    allowance charges), for :func:`day_budget`. For the store's
+    ``update_meta``: pure."""
+    value = budget["per_day"] if budget.get("asked") is not None else None
+    history: list[list[Any]] = []
+    if isinstance(stored, dict):
+        try:
+            history = [[float(t), None if v is None else float(v)] for t, v in stored.get("history", [])]
+        except (TypeError, ValueError):
+            history = []
+        if not history and stored.get("per_day"):
+            # Written before the history was kept: in force since before the day.
+            history = [[0.0, stored["per_day"] if stored.get("asked") is not None else None]]
+    if not history or history[-1][1] != value:
+        history.append([now, value])
+    # The one in force when the day began, and those since.
+    while len(history) > 1 and history[1][0] <= now - DAY:
+        history.pop(0)
+    return {**budget, "history": history}
 
 
 def day_budget(budget: dict[str, Any], now: float) -> float:
     """The budget of the day before ``now``, to hold that day's spend
-    against: each budget for the hours it was in force (one changed an hour
-    ago held the day's other 23 hours to the one before it)."""
-    per_day = float(budget["per_day"])
-    since, before = budget.get("since"), budget.get("before")
-    if since is None or before is None or since <= now - DAY:
-        return per_day
-    share = min(max((now - float(since)) / DAY, 0.0), 1.0)
-    return per_day * share + float(before) * (1.0 - share)
+    against: each budget for the hours it was in force (lowered an hour ago,
+    the day's other 23 hours held to the one before it). The hours under
+    ``auto``, which charges no allowance, count for nothing. The first
+    budget kept counts from the day's start: an allowance starts with a
+    whole day of it."""
+    start = now - DAY
+    history = [(float(t), v) for t, v in budget.get("history", [])]
+    if history:
+        history[0] = (-math.inf, history[0][1])
+    total = weight = 0.0
+    for (since, value), until in zip(history, [t for t, _ in history[1:]] + [now]):
+        span = min(until, now) - max(since, start)
+        if span > 0 and value is not None:
+            total += span * float(value)
+            weight += span
+    return total / weight if weight else float(budget["per_day"])

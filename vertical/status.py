@@ -40,8 +40,8 @@ still start now (below zero when they owe fetches: retries made once it
 was spent), and ``spent``, the fetches charged to it in the day before
 ``now``: the spend to hold against the budget, and, when the budget
 changed within that day, ``day``, the day's budget (each budget for the
-hours it was in force: the meta keeps ``since`` when the fetches a day
-last changed, and what they were ``before``).
+hours it was in force: the meta keeps the ``history`` of the day's
+budgets, ``[since, fetches a day]``, None for ``auto``).
 It has ``sitemaps`` when its crawls have read sitemaps
 (:func:`sitemap_summary`).
 """
@@ -253,8 +253,11 @@ def _spend(pages: int, budget: dict[str, Any] | None, now: float) -> str:
     # day's budgets, each for its hours, not against the newest alone.
     day = budget.get("day") or per_day
     if day != per_day:
-        source += (f"; {format_fetches(budget['before'])} a day until {format_duration(now - budget['since'])} ago: "
-                   f"{format_fetches(day)} over the day")
+        history = budget.get("history", [])
+        earlier = [f"{'auto' if value is None else format_fetches(value) + ' a day'} until "
+                   f"{format_duration(now - until)} ago"
+                   for (_, value), (until, _) in zip(history, history[1:]) if until > now - DAY]
+        source += f"; {', '.join(earlier)}: {format_fetches(day)} over the day"
     text = f"{text} of a budget of {format_fetches(per_day)} a day ({fetched / day:.0%}; {source})"
     if (left := budget.get("allowance")) is not None:
         if left < 0:  # retries of the last pages under way, made when nothing was left
