@@ -47,6 +47,7 @@ def test_budget_defaults_to_auto():
     ("1e9", r"'1e9' is text, not a number \(write 1e9/d, or a number YAML reads as one"),
     (0, "must be a positive number"), (-3, "must be a positive number"), (True, "must be a number"),
     ([200], "must be a number"), (0.0000001, "less than one fetch a year"), ("0.01/w", "less than one fetch a year"),
+    (10 ** 400, "a number of 401 digits is too large"),
 ])
 def test_bad_budget(value, problem):
     with pytest.raises(ConfigError, match=rf"<config>: refetch\.budget: .*{problem}"):

@@ -346,6 +346,8 @@ def doc(**overrides):
         ),
         ({**START, "refetch": {"initial": "1 day"}}, "refetch.initial", "not a duration: '1 day'"),
         ({**START, "refetch": {"min": "-1h"}}, "refetch.min", "cannot be negative"),
+        ({**START, "refetch": {"max": 10 ** 400}}, "refetch.max", "401 digits is too large for a duration"),
+        ({**START, "refetch": {"factor": 10 ** 400}}, "refetch.factor", "401 digits is too large"),
         ({**START, "refetch": {"min": "2d", "max": "1d"}}, "refetch.min", "172800s is more than refetch.max (86400s)"),
         ({**START, "refetch": {"initial": "60d"}}, "refetch.initial", "outside refetch.min..max"),
         ({**START, "refetch": {"factor": 1}}, "refetch.factor", "more than 1"),

@@ -507,13 +507,18 @@ class _SiteParser:
     def number(self, value: Any, path: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(path, f"must be a number, not {_type_name(value)}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a YAML integer of hundreds of digits
+            self.fail(path, f"a number of {len(str(value))} digits is too large")
 
     def duration(self, value: Any, path: str) -> float:
         try:
             return parse_duration(value)
         except ValueError as exc:
             self.fail(path, str(exc))
+        except OverflowError:
+            self.fail(path, f"a number of {len(str(value))} digits is too large for a duration")
 
     def regex(self, value: Any, path: str, engine: Any = re) -> re.Pattern[str]:
         """A regex compiled by ``engine`` (``re``, or the ``regex`` package)."""
