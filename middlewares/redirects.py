@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import zlib
 from typing import TYPE_CHECKING
-from urllib.parse import urljoin
+from urllib.parse import urldefrag, urljoin
 
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import HtmlResponse, TextResponse
@@ -126,7 +126,8 @@ class FrontierRedirectMiddleware:
             return
         target = _absolute(request, location)  # None: no URL, nowhere to read it
         chain = request.meta.get("redirect_urls")
-        if chain and target in (*chain, request.url):
+        # Without their fragments: the server sees /s.xml whatever follows the #.
+        if chain and target is not None and urldefrag(target).url in {urldefrag(u).url for u in (*chain, request.url)}:
             # Back to where the chain passed, after one redirect left to
             # Scrapy (a cookie set and the sitemap asked again): a loop, which
             # cost REDIRECT_MAX_TIMES requests at every reading.

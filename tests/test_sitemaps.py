@@ -819,17 +819,20 @@ def test_a_sitemap_is_read_where_it_redirects_only_on_the_sites_hosts(tmp_path):
 
 
 def test_a_sitemap_that_redirects_in_a_loop_costs_two_requests(tmp_path):
-    """A sitemap redirected to itself, and two redirected to each other:
-    each reading fails at the second request (Scrapy followed 20)."""
-    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()),
-             "/loop.xml": (302, b""), "/ping.xml": (301, b""), "/pong.xml": (301, b"")}
+    """A sitemap redirected to itself, one to itself with a fragment, and
+    two redirected to each other: each reading fails at the second request
+    (Scrapy followed 20)."""
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/loop.xml": (302, b""),
+             "/frag.xml": (302, b""), "/ping.xml": (301, b""), "/pong.xml": (301, b"")}
     with serving(SmallSite(pages)) as server:
-        server.locations = {"/loop.xml": "/loop.xml", "/ping.xml": "/pong.xml", "/pong.xml": f"{server.url}/ping.xml"}
-        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/loop.xml", f"{server.url}/ping.xml"])
+        server.locations = {"/loop.xml": "/loop.xml", "/frag.xml": "/frag.xml#again", "/ping.xml": "/pong.xml",
+                            "/pong.xml": f"{server.url}/ping.xml"}
+        site = small_site(tmp_path, "news", server.url,
+                          sitemaps=[f"{server.url}/{name}.xml" for name in ("loop", "frag", "ping")])
         result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
         log = list(server.log)
-    assert (log.count("/loop.xml"), log.count("/ping.xml"), log.count("/pong.xml")) == (2, 1, 1), log
-    assert result.stat("vertical/redirect/loop") == 2 and result.stat("vertical/sitemap/failed") == 2
+    assert [log.count(f"/{name}.xml") for name in ("loop", "frag", "ping", "pong")] == [2, 2, 1, 1], log
+    assert result.stat("vertical/redirect/loop") == 3 and result.stat("vertical/sitemap/failed") == 3
 
 
 def test_a_url_listed_twice_is_dated_by_its_latest_lastmod(tmp_path):
