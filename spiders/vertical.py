@@ -449,6 +449,7 @@ class VerticalSpider(Spider):
             validators = {}
         if kind == "sitemapindex":
             children = self._sitemap_urls(child for child, _ in entries)
+            self._skipped(response, len(entries) - len(children), len(entries))
             scheduler.sitemap_read(url, began, validators, children)
             self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
@@ -463,10 +464,7 @@ class VerticalSpider(Spider):
                 continue
             if sitemap_wanted(self.site, page, page=True):
                 pages.append((page, lastmod))
-        if skipped := len(entries) - len(pages):
-            logger.info("Sitemap %s: %d of its %d entries skipped (no URL, or not one the crawl follows)",
-                        response.url, skipped, len(entries))
-            stats.inc_value("vertical/sitemap/skipped", skipped)
+        self._skipped(response, len(entries) - len(pages), len(entries))
         now = scheduler.now()
         if any(lastmod is not None and lastmod > now for _, lastmod in pages):
             # A lastmod not reached yet (the site's clock ahead) says nothing
@@ -479,6 +477,14 @@ class VerticalSpider(Spider):
             if any(lastmod is not None and lastmod > now for _, lastmod in pages):
                 validators = {}
         scheduler.sitemap_read(url, began, validators, after=scheduler.sitemap_entries(pages))
+
+    def _skipped(self, response: Response, skipped: int, entries: int) -> None:
+        """Entries of a sitemap not used: no URL, off the site, refused by
+        the follow rules (or, of an index, listed twice)."""
+        if skipped:
+            logger.info("Sitemap %s: %d of its %d entries skipped (no URL, or not one the crawl follows)",
+                        response.url, skipped, entries)
+            self.crawler.stats.inc_value("vertical/sitemap/skipped", skipped)
 
     def _index_reads(self, urls: Iterable[str], depth: int, min_age: float | None = None) -> Deferred[list[Request]]:
         """The sitemaps an index lists, down to ``VERTICAL_SITEMAP_DEPTH``:

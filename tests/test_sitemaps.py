@@ -1357,6 +1357,11 @@ def test_a_text_sitemap_lists_the_urls_on_its_lines():
         ("http://a.example/3", None), ("", None)])
     assert read_sitemap(b"<html><body>Not found</body></html>", BASE + "/s.txt") == ("", [])
     assert read_sitemap(b'{"error": "not found"}', BASE + "/s.txt") == ("", [])
+    # An XML sitemap's entries that are no URL are listed as "", to be counted too
+    # (Scrapy's Sitemap leaves out a <url> without a <loc>).
+    bad = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc></url><url><loc></loc>'
+           b"</url><url><loc>http://[::1/z</loc></url></urlset>")
+    assert read_sitemap(bad, BASE + "/s.xml") == ("urlset", [(BASE + "/a", None), ("", None), ("", None)])
     urlset = '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc></url></urlset>'
     for encoding in ("utf-16", "utf-16-le"):
         xml = f'<?xml version="1.0" encoding="{encoding.upper()}"?>{urlset}'.encode(encoding)

@@ -138,8 +138,9 @@ def read_sitemap(body: bytes, base_url: str,
                  limit: int = SITEMAP_MAX_ENTRIES) -> tuple[str, list[SitemapEntry]]:
     """The sitemap's type (``urlset``, ``sitemapindex``, ``feed`` or
     ``text``; anything else lists nothing) and its first *limit* entries,
-    ``<loc>`` made absolute against *base_url* (the sitemap's own URL). One
-    entry more when there are more: the caller counts what it leaves."""
+    ``<loc>`` made absolute against *base_url* (the sitemap's own URL), or
+    ``""`` for an entry that has none. One entry more when there are more:
+    the caller counts what it leaves."""
     if _plain_text(body):
         entries = read_text(body, limit)
         # Not one URL: an error page, a JSON answer.
@@ -154,8 +155,9 @@ def read_sitemap(body: bytes, base_url: str,
         return "", []
     # lastmod is a W3C datetime; some sites write RFC 822's, as in feeds.
     # Scrapy's Sitemap parses as it is read: past the limit, nothing is.
-    entries = ((url, _date(e.get("lastmod")))
-               for e in sitemap if e.get("loc") and (url := _absolute(base_url, e["loc"])))
+    # An entry without a <loc>, or one that is no URL, is "" for the caller
+    # to count, as a text sitemap's line.
+    entries = (((e.get("loc") and _absolute(base_url, e["loc"])) or "", _date(e.get("lastmod"))) for e in sitemap)
     return sitemap.type, list(islice(entries, limit + 1))
 
 
