@@ -321,8 +321,7 @@ class VerticalSpider(Spider):
                 began = granted(reading, scheduler.owner)
                 elsewhere = self._read_elsewhere.pop(url, None)
                 if began is None:
-                    read = reading.get("read")
-                    read = read if isinstance(read, (int, float)) else None
+                    read = _last_read(reading)
                     held = reading_lease(reading)
                     # The reading left to another process: begun when its
                     # lease was taken, which its record's "read" is once over.
@@ -347,7 +346,8 @@ class VerticalSpider(Spider):
                 requests.append(Request(url, callback=self.parse_sitemap, errback=self._sitemap_failed,
                                         headers=reading.get("validators"), dont_filter=True,
                                         meta={META_DIRECT: True,
-                                              META_SITEMAP: (depth, began, reading.get("children", [])),
+                                              META_SITEMAP: (depth, began, reading.get("children", []),
+                                                             _last_read(reading)),
                                               "download_maxsize": self.sitemap_max_size,
                                               "download_warnsize": self.sitemap_max_size}))
             if elsewhere_now:
@@ -399,7 +399,7 @@ class VerticalSpider(Spider):
         all the same: they change without it)."""
         stats = self.crawler.stats
         scheduler = self._scheduler
-        depth, began, children = response.meta[META_SITEMAP]
+        depth, began, children, previous = response.meta[META_SITEMAP]
         url = as_requested(response)
         asked = response.request.headers if response.request is not None else {}
         if response.status == 304 and b"If-None-Match" not in asked and b"If-Modified-Since" not in asked:
@@ -476,7 +476,7 @@ class VerticalSpider(Spider):
                      for page, lastmod in pages]
             if any(lastmod is not None and lastmod > now for _, lastmod in pages):
                 validators = {}
-        scheduler.sitemap_read(url, began, validators, after=scheduler.sitemap_entries(pages))
+        scheduler.sitemap_read(url, began, validators, after=scheduler.sitemap_entries(pages, previous))
 
     def _skipped(self, response: Response, skipped: int, entries: int) -> None:
         """Entries of a sitemap not used: no URL, off the site, refused by
@@ -747,3 +747,9 @@ def _resource_url(response: TextResponse, value: str) -> str | None:
     except ValueError:
         return None
     return url if parts.scheme in ("http", "https") and parts.hostname else None
+
+
+def _last_read(reading: dict[str, Any]) -> float | None:
+    """When a sitemap's last reading began, from its reading record."""
+    read = reading.get("read")
+    return float(read) if isinstance(read, (int, float)) else None

@@ -562,19 +562,26 @@ def test_todays_date_in_the_minute_after_midnight_is_a_date_and_a_precise_one_th
     assert not observe_listed(rec(2).extra, day10 + 3 * 3600 + 7, day10 + 3 * 3600 + 37, None)
 
 
-def test_a_date_first_shown_after_the_fetch_dates_a_change_no_later_than_that():
-    """Fetched at 07:00, a page's date "day 10" first shown at 07:00:04: at
-    20:00 the same date dates a change after the fetch with the odds of
-    those four seconds (it was those of the thirteen hours since); a date
-    that moves is taken to the reading as before."""
-    from vertical.policies.estimate import dates_a_change, observe_listed
+def test_a_date_that_moved_since_a_reading_after_the_fetch_dates_a_change_after_it():
+    """Fetched at 06:00, a page's sitemap showed "day 9" at 06:30 and "day
+    10" at 08:00: the change came after 06:30, so after the fetch (taken for
+    day 10's midnight, its odds were a quarter, and a schedule that brings a
+    page at even odds left it). Not when that reading came before the fetch,
+    nor for a date that did not move, nor a precise one after the reading."""
+    from vertical.policies.estimate import dates_a_change, moved_since, observe_listed
 
     day10 = 10 * DAY
     page = rec(1, level=2)
-    page.visits, page.fetch_time = 1, day10 + 7 * 3600
-    assert observe_listed(page.extra, day10, day10 + 7 * 3600 + 4, None)
-    assert dates_a_change(page.extra, day10, page.fetch_time, day10 + 20 * 3600) == pytest.approx(4 / (7 * 3600 + 4))
-    assert dates_a_change(page.extra, day10 + DAY, page.fetch_time, day10 + DAY + 3600) == 1.0
+    page.visits, page.fetch_time = 1, day10 + 6 * 3600
+    assert observe_listed(page.extra, day10 - DAY, day10 - 3600, None)  # day 9, noted before the fetch
+    read = day10 + 6.5 * 3600
+    assert dates_a_change(page.extra, day10, page.fetch_time, day10 + 8 * 3600) == pytest.approx(0.25)
+    assert moved_since(page.extra, day10, page.fetch_time, read) == read
+    assert dates_a_change(page.extra, read, page.fetch_time, day10 + 8 * 3600) == 1.0
+    assert moved_since(page.extra, day10, page.fetch_time, day10 + 5 * 3600) == day10  # read before the fetch
+    assert moved_since(page.extra, day10 - DAY, page.fetch_time, read) == day10 - DAY  # not moved
+    assert moved_since(page.extra, day10 + 7 * 3600, page.fetch_time, read) == day10 + 7 * 3600  # after it
+    assert moved_since(page.extra, day10, page.fetch_time, None) == day10  # never read before
 
 
 def test_a_write_back_keeps_the_later_of_two_sitemap_notes():

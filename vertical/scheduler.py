@@ -85,7 +85,7 @@ from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
-from vertical.policies.estimate import LISTED_KEY, dates_a_change, keep_later_listed, observe_listed
+from vertical.policies.estimate import LISTED_KEY, dates_a_change, keep_later_listed, moved_since, observe_listed
 from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
@@ -725,7 +725,8 @@ class FrontierScheduler(BaseScheduler):
         for url in urls:
             self._discover(url, level, parent, False)
 
-    def sitemap_entries(self, entries: Iterable[tuple[str, float | None]]) -> Deferred[int]:
+    def sitemap_entries(self, entries: Iterable[tuple[str, float | None]],
+                        previous: float | None = None) -> Deferred[int]:
         """URLs a sitemap lists (canonical), each with its ``<lastmod>`` as a
         timestamp or None. New URLs are discovered at level 1 (announced, as
         a link from an entry page would be: the seen test and the trap guards
@@ -742,7 +743,10 @@ class FrontierScheduler(BaseScheduler):
         taken at its word it would make the page due at every reading. A
         page gone, parked or failing is left to its recheck or its backoff.
         What the lastmods say of each page's changes is the schedule's to
-        keep too. Fires with how many known pages were brought forward."""
+        keep too. ``previous`` is when the sitemap was read before (None:
+        never): a date moved since dates a change after that reading
+        (:func:`~vertical.policies.estimate.moved_since`). Fires with how
+        many known pages were brought forward."""
         entries = list(entries)
         lastmods: dict[int, float] = {}
         now = self.now()
@@ -775,12 +779,13 @@ class FrontierScheduler(BaseScheduler):
             return [r for r in known if r.visits]
 
         def worth(known: list[URLRecord]) -> Deferred[int] | int:
+            dated = {r.fingerprint: moved_since(r.extra, lastmods[r.fingerprint], r.fetch_time, previous)
+                     for r in known}
             # The schedule's state lives on the reactor: decide here.
             # Moved after the last fetch: more likely than not (before the
             # reading's note moves), or enough for the schedule to bring it.
-            likely = {id(r) for r in known
-                      if dates_a_change(r.extra, lastmods[r.fingerprint], r.fetch_time, now) >= 0.5}
-            due, written = self.schedule.sitemap_read([(r, lastmods[r.fingerprint]) for r in known], now)
+            likely = {id(r) for r in known if dates_a_change(r.extra, dated[r.fingerprint], r.fetch_time, now) >= 0.5}
+            due, written = self.schedule.sitemap_read([(r, dated[r.fingerprint]) for r in known], now)
             moved = len(likely | {id(r) for r in due})
             self.stats.inc_value("vertical/sitemap/lastmod_moved", moved)
             # Brought forward: not those due already (a page listed in two

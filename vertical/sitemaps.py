@@ -59,7 +59,7 @@ SitemapEntry = tuple[str, float | None]
 SITEMAP_MAX_SIZE = 50 * 1024 * 1024
 #: Request meta of a sitemap reading: (depth: 0 when named by the config,
 #: robots.txt or an entry page; when its lease began; the sitemaps it listed
-#: last, if an index).
+#: last, if an index; when its last reading began, None if never).
 META_SITEMAP = "vertical.sitemap"
 #: The most entries read of one sitemap, index or feed: the protocol's limit,
 #: as the search engines read it (past it, the rest is ignored). Without it

@@ -77,6 +77,7 @@ __all__ = [
     "keep_later_listed",
     "listed_history",
     "listed_moved",
+    "moved_since",
     "observe_listed",
     "observe_modified",
     "parse_http_date",
@@ -380,16 +381,33 @@ def dates_a_change(extra: MutableMapping[str, Any], lastmod: float, fetched: flo
                    rate: float = 0.0) -> float:
     """The odds that a sitemap read at ``now`` dates, with ``lastmod``, a
     change of the page after its fetch at ``fetched`` (see
-    :func:`changed_after`). A lastmod the page's sitemaps already showed
-    (:data:`LISTED_KEY`) dates a change no later than when it was first
-    seen: none for one shown before the fetch, and for one first seen a few
-    seconds after it, the odds of those seconds. A date without its hour
-    that does not move tells nothing of a change later that day; taken for
-    the whole day, it brought the page again at every reading of the day."""
+    :func:`changed_after`), but none for a lastmod the page's sitemaps
+    already showed before that fetch (:data:`LISTED_KEY`): a date without
+    its hour that does not move tells nothing of a change later that day,
+    and at every reading of the day it brought the page again. (One first
+    shown after the fetch keeps the odds of its window up to the reading:
+    capped at when it was first shown, the first reading to show a date
+    that moved after a fetch, with odds of a quarter, left a real change
+    unfetched for good.)"""
     obs = extra.get(LISTED_KEY)
-    if obs is not None and not listed_moved(float(obs[2]), lastmod):
-        now = min(now, float(obs[2]))
+    if obs is not None and fetched >= float(obs[2]) and not listed_moved(float(obs[2]), lastmod):
+        return 0.0
     return changed_after(lastmod, fetched, now, rate)
+
+
+def moved_since(extra: Mapping[str, Any], lastmod: float, fetched: float, previous: float | None) -> float:
+    """The date to weigh a sitemap's ``lastmod`` by, the sitemap read before
+    at ``previous`` (None: never): a date that moved from the one the page
+    holds (:data:`LISTED_KEY`), where that reading came after the page's
+    fetch, dates a change after that reading, which showed the older date
+    (or did not list the page: then a check fetch). Taken for the day's
+    midnight, a date moved at 08:00 after a fetch at 06:00 and a reading
+    at 06:30 gave odds of a quarter, and the change was never fetched."""
+    obs = extra.get(LISTED_KEY)
+    if previous is None or obs is None or not fetched <= previous or lastmod >= previous \
+            or not listed_moved(float(obs[2]), lastmod):
+        return lastmod
+    return previous
 
 
 def observe_listed(extra: MutableMapping[str, Any], lastmod: float, now: float, previous: float | None) -> bool:

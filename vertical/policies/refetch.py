@@ -75,11 +75,9 @@ BROUGHT_KEY = "brought"
 #: one reading brings forward at most this many: a sitemap that dates every
 #: page "now" would otherwise make the whole site due at its first reading.
 TRUST_AFTER = 20
-#: A claim believed with smaller odds (that the sitemap tells the truth, times
-#: that the change came after the fetch: a date first shown seconds after
-#: it) brings no page forward, however cheap a fetch: the price of a fetch
-#: prices the crawl's budget, not the site's patience, and with a budget
-#: that only politeness bounds it is nothing.
+#: A claim believed with smaller odds brings no page forward, however cheap a
+#: fetch: the price of a fetch prices the crawl's budget, not the site's
+#: patience, and with a budget that only politeness bounds it is nothing.
 TRUST_FLOOR = 0.1
 #: Seconds: sitemaps read within this time of each other are one reading
 #: (those of an index), for the time since the reading before.
@@ -560,7 +558,7 @@ class OptimalSchedule(FetchSchedule):
         if wait <= 0:
             return 0.0  # due already
         trust = self.sitemap_trust(record)
-        if trust * odds < TRUST_FLOOR:
+        if trust < TRUST_FLOOR:
             return 0.0
         gain = wait if rate <= 0 else -math.expm1(-rate * wait) / rate
         gain *= odds * trust
