@@ -85,7 +85,14 @@ from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
-from vertical.policies.estimate import LISTED_KEY, dates_a_change, keep_later_listed, moved_since, observe_listed
+from vertical.policies.estimate import (
+    LISTED_KEY,
+    dates_a_change,
+    generated,
+    keep_later_listed,
+    moved_since,
+    observe_listed,
+)
 from vertical.record import FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
 from vertical.seen import SeenKeeper, SeenTest
 from vertical.signals import request_resent
@@ -778,8 +785,12 @@ class FrontierScheduler(BaseScheduler):
                 self.frontier.save_priorities(site, noted, (LISTED_KEY,), unfetched_only=True)
             return [r for r in known if r.visits]
 
+        # A reading within the minute: its time would be taken for the
+        # sitemap's generation time (generated), and the move for nothing.
+        since = previous if previous is not None and not generated(previous, now) else None
+
         def worth(known: list[URLRecord]) -> Deferred[int] | int:
-            dated = {r.fingerprint: moved_since(r.extra, lastmods[r.fingerprint], r.fetch_time, previous)
+            dated = {r.fingerprint: moved_since(r.extra, lastmods[r.fingerprint], r.fetch_time, since)
                      for r in known}
             # The schedule's state lives on the reactor: decide here.
             # Moved after the last fetch: more likely than not (before the
