@@ -45,8 +45,8 @@ from vertical.extract import FieldError, Record, as_page, extract_records, follo
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut, read_sitemap,
-                               reading_lease, sitemap_body, sitemap_max_size, sitemap_wanted)
+from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut, last_read,
+                               read_sitemap, reading_lease, sitemap_body, sitemap_max_size, sitemap_wanted)
 from vertical.urls import as_requested, canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -321,7 +321,7 @@ class VerticalSpider(Spider):
                 began = granted(reading, scheduler.owner)
                 elsewhere = self._read_elsewhere.pop(url, None)
                 if began is None:
-                    read = _last_read(reading)
+                    read = last_read(reading)
                     held = reading_lease(reading)
                     # The reading left to another process: begun when its
                     # lease was taken, which its record's "read" is once over.
@@ -347,7 +347,7 @@ class VerticalSpider(Spider):
                                         headers=reading.get("validators"), dont_filter=True,
                                         meta={META_DIRECT: True,
                                               META_SITEMAP: (depth, began, reading.get("children", []),
-                                                             _last_read(reading)),
+                                                             last_read(reading)),
                                               "download_maxsize": self.sitemap_max_size,
                                               "download_warnsize": self.sitemap_max_size}))
             if elsewhere_now:
@@ -747,9 +747,3 @@ def _resource_url(response: TextResponse, value: str) -> str | None:
     except ValueError:
         return None
     return url if parts.scheme in ("http", "https") and parts.hostname else None
-
-
-def _last_read(reading: dict[str, Any]) -> float | None:
-    """When a sitemap's last reading began, from its reading record."""
-    read = reading.get("read")
-    return float(read) if isinstance(read, (int, float)) else None

@@ -197,6 +197,7 @@ class FrontierScheduler(BaseScheduler):
         # URL -> (its lastmod, when read): what a sitemap said of a URL it
         # listed before the frontier knew it, for its record once stored.
         self._listed_new: dict[int, tuple[float, float]] = {}
+        self._reads_sitemaps = False  # asked to read a sitemap (or feed) this run
         self._seq = itertools.count()
         self._next_poll = 0.0
         # The last answer to "anything due?": when, after how many store writes, what.
@@ -865,6 +866,7 @@ class FrontierScheduler(BaseScheduler):
         ask once that heartbeat has run out. Fires with ``{}`` when the store
         failed."""
         now, site, owner, lease = self.now(), self.site.name, self.owner, self.lease
+        self._reads_sitemaps = self._reads_sitemaps or bool(urls)
 
         def take() -> dict[str, dict[str, Any]]:  # on the store thread
             live = {o.owner for o in self.frontier.owners(site) if o.alive}
@@ -1034,7 +1036,12 @@ class FrontierScheduler(BaseScheduler):
         by this process or another (:meth:`sitemap_entries` writes only to
         the store), kept where later than the copy written back. Written
         over, a date the page's sitemaps showed before its fetch was lost,
-        and the next reading of it brought the page back unchanged."""
+        and the next reading of it brought the page back unchanged. Not
+        for a site this process reads no sitemap of: its processes share
+        one config, and a read before every write-back costs about what the
+        write does."""
+        if not self._reads_sitemaps:
+            return
         stored = self.frontier.get_many(self.site.name, [r.fingerprint for r in records])
         for record in records:
             if (copy := stored.get(record.fingerprint)) is not None:

@@ -47,9 +47,9 @@ if TYPE_CHECKING:
     from vertical.config import SiteConfig
 
 __all__ = ["META_SITEMAP", "ROBOTS_SITEMAPS_KEY", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry",
-           "feed_links", "granted", "gzip_cut", "lastmod_time", "read_feed", "read_sitemap", "read_text",
-           "reading_done", "reading_key", "reading_lease", "readings", "robots_named", "robots_sitemaps",
-           "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
+           "feed_links", "granted", "gzip_cut", "last_read", "lastmod_time", "read_feed", "read_sitemap",
+           "read_text", "reading_done", "reading_key", "reading_lease", "readings", "robots_named",
+           "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None)
 SitemapEntry = tuple[str, float | None]
@@ -360,6 +360,13 @@ def readings(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             if key.startswith(_READING) and isinstance(value, dict)}
 
 
+def last_read(record: Mapping[str, Any]) -> float | None:
+    """When a sitemap's last reading began, from its reading record (None:
+    never read)."""
+    read = record.get("read")
+    return float(read) if isinstance(read, (int, float)) else None
+
+
 def take_reading(stored: Any, owner: str, now: float, min_age: float, lease: float,
                  live: Collection[str] | None = None) -> dict[str, Any]:
     """The reading record after ``owner`` asks at ``now`` to read the sitemap:
@@ -369,8 +376,8 @@ def take_reading(stored: Any, owner: str, now: float, min_age: float, lease: flo
     whose heartbeat runs) is void: its reading died with its process. For
     the store's ``update_meta``."""
     record = dict(stored) if isinstance(stored, dict) else {}
-    read = record.get("read")
-    if isinstance(read, (int, float)) and now - read < min_age:
+    read = last_read(record)
+    if read is not None and now - read < min_age:
         return record
     held = reading_lease(record)
     if held is not None and held[0] != owner and held[1] > now and (live is None or held[0] in live):
@@ -402,8 +409,8 @@ def reading_done(stored: Any, owner: str, began: float, validators: Mapping[str,
     again before its time either): its lease ends, and a 200 leaves its
     ``validators`` and, for an index, its ``children``. For ``update_meta``."""
     record = dict(stored) if isinstance(stored, dict) else {}
-    read = record.get("read")
-    record["read"] = max(began, read) if isinstance(read, (int, float)) else began
+    read = last_read(record)
+    record["read"] = began if read is None else max(began, read)
     held = reading_lease(record)
     if held is not None and held[0] == owner:
         del record["lease"]
