@@ -644,32 +644,44 @@ def test_three_processes_one_killed(corpus: Corpus, reference: Reference, watch:
 
 
 @needs_redis
-def test_redis_frozen_for_ten_seconds(corpus: Corpus, reference: Reference, watch: Watch, tmp_path: Path) -> None:
-    """Redis SIGSTOPped for 10 s a third of the way into a crawl of two
-    processes, then SIGCONTed. Nobody died, so every page is fetched once and
-    every document emitted once (neither process may take the other for dead
-    because the store was silent), and both crawls end by themselves."""
-    found = Findings("redis-frozen")
+@pytest.mark.parametrize(("outage", "heartbeat"), [("frozen", HEARTBEAT), ("frozen", FREEZE / 5), ("down", FREEZE / 5)],
+                         ids=["frozen", "frozen-past-liveness", "down-past-liveness"])
+def test_redis_out_for_ten_seconds(corpus: Corpus, reference: Reference, watch: Watch, tmp_path: Path,
+                                   outage: str, heartbeat: float) -> None:
+    """Redis out for 10 s a third of the way into a crawl of two processes:
+    SIGSTOPped then SIGCONTed ("frozen": calls hang), or stopped then started
+    again on its append-only file ("down": calls fail). Nobody died, so every
+    page is fetched once and every document emitted once (neither process may
+    take the other for dead because the store was silent), and both crawls
+    end by themselves. With a 2-s heartbeat every process's mark of life runs
+    out during the outage (three missed beats): the store stopped them all."""
+    found = Findings(f"redis-{outage}-{heartbeat:g}s-heartbeat")
     patience = reference.patience(extra_silence=FREEZE)
     window: dict[str, float] = {}
     with RedisServer(appendonly=True) as redis_server:
         pid = redis_server.process.pid  # type: ignore[union-attr]
 
         def thaw() -> None:
-            os.kill(pid, signal.SIGCONT)
+            if outage == "frozen":
+                os.kill(pid, signal.SIGCONT)
+            else:
+                redis_server.start()
             window["end"] = time.monotonic()
 
         thawing = threading.Timer(FREEZE, thaw)
 
         def freeze() -> None:
-            os.kill(pid, signal.SIGSTOP)
+            if outage == "frozen":
+                os.kill(pid, signal.SIGSTOP)
+            else:
+                redis_server.stop()
             window["start"] = time.monotonic()
             thawing.start()
 
         watch.at_page(max(1, len(corpus.pages) // 3), freeze)
         store = f"{redis_server.url}/0?patience=60"
         site = corpus.site(tmp_path)
-        small = {"VERTICAL_CLAIM_BATCH": 8}
+        small = {"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": heartbeat}
         runs = [launch(corpus, site, store, tmp_path, a, small, agent=a) for a in AGENTS[:2]]
         try:
             wait_all(runs, patience)

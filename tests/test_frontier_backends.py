@@ -591,6 +591,10 @@ def test_reap_releases_the_claims_of_owners_whose_heartbeat_ran_out(frontier):
     run_out(frontier, next(o.until for o in frontier.owners(SITE) if o.owner == "dead"))
     held = {o: {r.fingerprint for r in frontier.iter_records(SITE) if r.claim_owner == o}
             for o in ("live", "dead", "silent")}
+    # A caller whose own beats were held up (the store was out for all)
+    # reaps none whose heartbeat merely ran out.
+    assert frontier.reap(SITE, dead=["nobody"], expired=False) == []
+    assert {o.owner for o in frontier.owners(SITE)} == {"live", "dead"}
     assert frontier.reap(SITE) == ["dead"]
     assert [o.owner for o in frontier.owners(SITE)] == ["live"]
     # Claimable at once by another owner; the live and the silent keep theirs.

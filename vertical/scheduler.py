@@ -252,6 +252,10 @@ class FrontierScheduler(BaseScheduler):
         #: disk, a file another program holds locked): see store_failed.
         self._failing_since: float | None = None
         self.store_patience: float = settings.getfloat("VERTICAL_STORE_PATIENCE")
+        # Since when this process's beats have reached the store on time, and
+        # when the last one did (monotonic clock): see _beats_on_time.
+        self._on_time_since: float | None = None
+        self._last_beat = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -426,8 +430,7 @@ class FrontierScheduler(BaseScheduler):
         self.crawler.signals.connect(self._reached_downloader, signal=signals.request_reached_downloader)
         self.crawler.signals.connect(self._resent, signal=request_resent)
         self._heartbeat = task.LoopingCall(self._beat)
-        # Often enough to renew leases well before they run out.
-        self._heartbeat.start(min(self.heartbeat, self.lease / 3), now=False)
+        self._heartbeat.start(self._beat_interval, now=False)
         if interval := self._settings.getfloat("VERTICAL_SEEN_SAVE"):
             self._seen_saver = task.LoopingCall(self._save_seen)
             self._seen_saver.start(interval, now=False)
@@ -868,8 +871,13 @@ class FrontierScheduler(BaseScheduler):
         now, site, owner, lease = self.now(), self.site.name, self.owner, self.lease
         self._reads_sitemaps = self._reads_sitemaps or bool(urls)
 
+        # A reading's process is taken for dead as a claim's is (_beat_here).
+        on_time = self._beats_on_time()
+
         def take() -> dict[str, dict[str, Any]]:  # on the store thread
-            live = {o.owner for o in self.frontier.owners(site) if o.alive}
+            owners = self.frontier.owners(site)
+            gone = set(self._dead_here(owners))
+            live = {o.owner for o in owners if (o.alive or not on_time) and o.owner not in gone}
             rule = partial(take_reading, owner=owner, now=now, min_age=min_age, lease=lease, live=live)
             return {url: self.frontier.update_meta(site, reading_key(url), rule) for url in urls}
 
@@ -1522,6 +1530,21 @@ class FrontierScheduler(BaseScheduler):
         """Periodic work piggy-backed on the engine's calls."""
         self.commit.maintain()
 
+    @property
+    def _beat_interval(self) -> float:
+        """Seconds between heartbeats: often enough to renew leases well
+        before they run out."""
+        return min(self.heartbeat, self.lease / 3)
+
+    def _beats_on_time(self) -> bool:
+        """Have this process's beats reached the store on time for a whole
+        liveness window (``MISSED_HEARTBEATS`` heartbeats)? Only then is a
+        mark of life that ran out a process's death: a store that was down or
+        stalled stopped every process's beats, this one's too, and each live
+        process needs that window to beat again once the store is back."""
+        since = self._on_time_since
+        return since is not None and time.monotonic() - since >= self.heartbeat * MISSED_HEARTBEATS
+
     def _beat(self) -> Deferred[None] | None:
         """Tell the store this process is alive, renew the leases of what it
         holds, and release the claims of processes that are not. A beat
@@ -1538,23 +1561,30 @@ class FrontierScheduler(BaseScheduler):
         }
         self._beating = True
         asked = time.monotonic()
-        d = self._call(self._beat_here, info, held)
+        d = self._call(self._beat_here, info, held, asked, self._beats_on_time())
         d.addCallbacks(self._beaten, partial(self.store_failed, "heartbeat"), callbackArgs=(asked, held))
         d.addBoth(self._beat_done)
         return d
 
-    def _beat_here(self, info: dict[str, Any], held: list[int]) -> tuple[list[str], int, int]:
+    def _beat_here(self, info: dict[str, Any], held: list[int], asked: float,
+                   on_time: bool) -> tuple[list[str], int, int]:
         """The heartbeat's store calls (on the store thread). Returns the
         owners reaped, how many live processes crawl the site and how many
-        records it has."""
+        records it has. Owners whose mark of life ran out are reaped only
+        when this process's beats were on time (see :meth:`_beats_on_time`),
+        this one too: one held up by the store (it waited out an outage) finds
+        every other mark run out; those whose process is gone from this
+        machine are reaped at once."""
         site, frontier = self.site.name, self.frontier
         frontier.check_intact()  # before the beat writes into a store that lost the rest
         frontier.heartbeat(site, self.owner, self.heartbeat * MISSED_HEARTBEATS, info)
         if held:
             frontier.renew(site, self.owner, held, self.lease)
         owners = frontier.owners(site)
-        dead = frontier.reap(site, dead=self._dead_here(owners))
-        return dead, sum(1 for o in owners if o.alive and o.owner not in dead), frontier.count(site)
+        on_time = on_time and time.monotonic() - asked <= self._beat_interval
+        dead = frontier.reap(site, dead=self._dead_here(owners), expired=on_time)
+        live = sum(1 for o in owners if (o.alive or not on_time) and o.owner not in dead)
+        return dead, live, frontier.count(site)
 
     def _beaten(self, beat: tuple[list[str], int, int], asked: float, held: list[int]) -> None:
         dead, processes, records = beat
@@ -1566,6 +1596,12 @@ class FrontierScheduler(BaseScheduler):
             self.stats.set_value("vertical/budget/processes", processes)
         # Every claim held when the beat was sent runs a lease from then on.
         self._renewed_at = asked
+        # A beat held up by the store, or one after a gap (the beats before
+        # it failed or waited), begins a new run of beats on time.
+        done, interval = time.monotonic(), self._beat_interval
+        if self._on_time_since is None or done - asked > interval or done - self._last_beat > 2 * interval:
+            self._on_time_since = done
+        self._last_beat = done
         self._failing_since = None  # the beat was a write the store took
         if held:
             self.stats.inc_value("vertical/scheduler/lease_renewals")

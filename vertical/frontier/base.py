@@ -386,13 +386,14 @@ class Frontier(ABC):
         """The registered owners of a site, by name."""
 
     @abstractmethod
-    def reap(self, site: str, dead: Iterable[str] = ()) -> list[str]:
+    def reap(self, site: str, dead: Iterable[str] = (), expired: bool = True) -> list[str]:
         """Atomically release every claim of the owners whose heartbeat ran
-        out, and of those in ``dead`` (whose process the caller found gone),
-        and drop them from the registry; return their names, sorted (a name
-        in ``dead`` counts when it was registered or held a claim). Their
-        outbox rows stay, for :meth:`outbox_take`. Claims of owners that
-        never registered are left to run out on their own."""
+        out (unless not ``expired``), and of those in ``dead`` (whose process
+        the caller found gone), and drop them from the registry; return their
+        names, sorted (a name in ``dead`` counts when it was registered or
+        held a claim). Their outbox rows stay, for :meth:`outbox_take`.
+        Claims of owners that never registered are left to run out on their
+        own."""
 
     # -- site meta ------------------------------------------------------------------
 

@@ -1204,15 +1204,18 @@ redis.call("HSET", KEYS[1], ARGV[1], string.format("%.17g", till) .. "\31" .. AR
 return 0
 """
 
-# ARGV: dead owner*. Returns the owners reaped.
+# ARGV: expired ("1": reap owners whose heartbeat ran out) dead owner*.
+# Returns the owners reaped.
 _REAP = _LUA_COMMON + r"""
 local t = clock()
 local reaped, named = {}, {}
-local registry = redis.call("HGETALL", OWNERS)
-for i = 1, #registry, 2 do
-  if tonumber(head(registry[i + 1])) < t then reaped[registry[i]] = true end
+if ARGV[5] == "1" then
+  local registry = redis.call("HGETALL", OWNERS)
+  for i = 1, #registry, 2 do
+    if tonumber(head(registry[i + 1])) < t then reaped[registry[i]] = true end
+  end
 end
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   named[ARGV[i]] = true
   if redis.call("HEXISTS", OWNERS, ARGV[i]) == 1 then reaped[ARGV[i]] = true end
 end
@@ -1916,9 +1919,9 @@ class RedisFrontier(Frontier):
             out.append(OwnerInfo(owner.decode(), until, json.loads(info) if info else {}, until >= clock))
         return out
 
-    def reap(self, site: str, dead: Iterable[str] = ()) -> list[str]:
+    def reap(self, site: str, dead: Iterable[str] = (), expired: bool = True) -> list[str]:
         k = self._site(site)
-        names = list(dead)
+        names = ["1" if expired else "0", *dead]
         reaped = self._retry(lambda _: self._run(self._reap, k, names))
         return sorted(o.decode() for o in reaped)
 

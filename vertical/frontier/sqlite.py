@@ -662,12 +662,12 @@ class SQLiteFrontier(Frontier):
         return [OwnerInfo(owner, until, json.loads(info) if info else {}, until >= clock)
                 for owner, until, info in rows]
 
-    def reap(self, site: str, dead: Iterable[str] = ()) -> list[str]:
+    def reap(self, site: str, dead: Iterable[str] = (), expired: bool = True) -> list[str]:
         named = set(dead)
         with self._transaction() as db:
             registered = dict(db.execute("SELECT owner, until FROM owners WHERE site = ?", (site,)).fetchall())
             clock = self.clock()
-            reaped = {o for o, until in registered.items() if until < clock or o in named}
+            reaped = {o for o, until in registered.items() if (expired and until < clock) or o in named}
             for owner in sorted(reaped | named):
                 if self._release_all(db, site, owner):
                     reaped.add(owner)
