@@ -27,6 +27,7 @@ class Page:
     etag: str | None = None
     last_modified: str | None = None
     content_type: str = HTML["Content-Type"]
+    older_etags: tuple[str, ...] = ()  # ETags of the same body the server still takes
 
 
 class ValidatorSite:
@@ -46,7 +47,7 @@ class ValidatorSite:
         validators = {name: value for name, value in (("ETag", page.etag), ("Last-Modified", page.last_modified))
                       if value}
         if "If-None-Match" in asked:
-            unchanged = asked["If-None-Match"] == page.etag
+            unchanged = asked["If-None-Match"] in (page.etag, *page.older_etags)
         else:
             unchanged = page.last_modified is not None and asked.get("If-Modified-Since") == page.last_modified
         if unchanged:
@@ -179,3 +180,22 @@ def test_an_etag_the_server_stopped_sending_is_not_sent_again(tmp_path):
             statuses.append([r["status"] for r in page_requests(server, "/doc/1")])
     # The first answer after the change is a 200 (the old ETag was still asked); then 304s.
     assert statuses == [[200], [304], [304]]
+
+
+def test_the_etag_of_a_304_is_asked_next(tmp_path):
+    """A server that rotates a page's ETag, taking the old one for a while,
+    names the new one in its 304 (RFC 9111, 4.3.4: it freshens the stored
+    response). Kept with the old, the next fetch after the old one expired
+    was a 200 of the same body."""
+    site = ValidatorSite({"/": Page(doc("home", "/doc/1")), "/doc/1": Page(doc("same"), etag='"v1"')})
+    store = tmp_path / "f.sqlite3"
+    statuses = []
+    with serve(site) as server:
+        cfg = config(tmp_path, server)
+        crawl(cfg, store, tmp_path, tag="0")
+        for run, older in ((1, ('"v1"',)), (2, ())):
+            site.pages["/doc/1"] = Page(doc("same"), etag='"v2"', older_etags=older)
+            server.clear_log()
+            crawl(cfg, store, tmp_path, tag=str(run), settings={"VERTICAL_TIME_OFFSET": 40 * run * DAY})
+            statuses += [r["status"] for r in page_requests(server, "/doc/1")]
+    assert statuses == [304, 304]

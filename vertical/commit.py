@@ -165,6 +165,10 @@ class FrontierCommit:
         if outcome.not_modified:
             self._count("pages/unchanged", "not_modified")
             self.stats.inc_value("vertical/unchanged", max(len(record.docs), 1))
+            # A 304's validators freshen those stored (RFC 9111, 4.3.4): asked
+            # with the old ETag, a server that rotates it answers a 200.
+            record.etag = _header(response, b"ETag") or record.etag
+            record.last_modified = _header(response, b"Last-Modified") or record.last_modified
             scheduler.schedule.set_fetched(record, now, changed=False)
         elif outcome.duplicate_of is not None:
             self._count("pages/duplicate")
