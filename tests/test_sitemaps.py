@@ -449,6 +449,12 @@ def test_what_is_no_feed_entry():
         "feed", [("http://example.com/blog/post-1", lastmod_time("2024-01-02T03:04:05Z"))])
     assert read_sitemap(b"<urlset><url><loc>http://[bad</loc></url><url><loc>/a</loc></url></urlset>",
                         "http://example.com/s.xml") == ("urlset", [("", None), ("http://example.com/a", None)])
+    # RSS links against their xml:base too, from the rss element or the item.
+    rss = (b'<rss version="2.0" xml:base="http://example.com/blog/"><channel><item><link>post-1</link></item>'
+           b'<item xml:base="/news/"><link>post-2</link></item><item><guid>post-3</guid></item></channel></rss>')
+    assert read_sitemap(rss, "http://example.com/feed.xml") == (
+        "feed", [("http://example.com/blog/post-1", None), ("http://example.com/news/post-2", None),
+                 ("http://example.com/blog/post-3", None)])
 
 
 def test_a_feed_named_as_a_sitemap_brings_its_items(tmp_path):

@@ -252,10 +252,17 @@ def _localname(element: etree._Element) -> str | None:
 def _text(item: etree._Element, *tags: str) -> str | None:
     """The text of ``item``'s child of the first of ``tags`` it has (the
     last such child: a later value overrides, as feed readers take it)."""
+    found = _child(item, *tags)
+    return None if found is None else found.text.strip()  # type: ignore[union-attr]
+
+
+def _child(item: etree._Element, *tags: str) -> etree._Element | None:
+    """``item``'s child of the first of ``tags`` it has with a text (the
+    last such child)."""
     for tag in tags:
-        texts = [t.strip() for found in item.iterchildren(tag) if (t := found.text) and t.strip()]
-        if texts:
-            return texts[-1]
+        children = [found for found in item.iterchildren(tag) if found.text and found.text.strip()]
+        if children:
+            return children[-1]
     return None
 
 
@@ -281,11 +288,12 @@ def _atom_entry(item: etree._Element, ns: str, base_url: str) -> SitemapEntry | 
 
 def _rss_entry(item: etree._Element, base_url: str) -> SitemapEntry | None:
     # RSS 1.0's link is in the namespace of its item ("{...}item"), RSS 2.0's in none.
-    link = _text(item, item.tag.removesuffix("item") + "link")
+    link = _child(item, item.tag.removesuffix("item") + "link")
     guid = item.find("guid")
     if link is None and guid is not None and guid.get("isPermaLink", "true") == "true":
-        link = _text(item, "guid")
-    if link is None or (url := _absolute(base_url, link)) is None:
+        link = _child(item, "guid")
+    # Against its xml:base, as Atom's (feed readers honour it in RSS too).
+    if link is None or (url := _absolute(link.base or base_url, link.text.strip())) is None:  # type: ignore[union-attr]
         return None
     dates = (f"{{{_ATOMS[0]}}}updated", f"{{{_DCTERMS}}}modified", "pubDate", f"{{{_DC}}}date",
              f"{{{_DCTERMS}}}issued")
