@@ -871,10 +871,11 @@ class FrontierScheduler(BaseScheduler):
         now, site, owner, lease = self.now(), self.site.name, self.owner, self.lease
         self._reads_sitemaps = self._reads_sitemaps or bool(urls)
 
-        # A reading's process is taken for dead as a claim's is (_beat_here).
-        on_time = self._beats_on_time()
+        asked = time.monotonic()
 
         def take() -> dict[str, dict[str, Any]]:  # on the store thread
+            # A reading's process is taken for dead as a claim's is (_beat_here).
+            on_time = self._beats_on_time(asked)
             owners = self.frontier.owners(site)
             gone = set(self._dead_here(owners))
             live = {o.owner for o in owners if (o.alive or not on_time) and o.owner not in gone}
@@ -1536,14 +1537,20 @@ class FrontierScheduler(BaseScheduler):
         before they run out."""
         return min(self.heartbeat, self.lease / 3)
 
-    def _beats_on_time(self) -> bool:
+    def _beats_on_time(self, asked: float | None = None) -> bool:
         """Have this process's beats reached the store on time for a whole
-        liveness window (``MISSED_HEARTBEATS`` heartbeats)? Only then is a
+        liveness window (``MISSED_HEARTBEATS`` heartbeats, and the store's
+        longest wait between retries), the last one lately? Only then is a
         mark of life that ran out a process's death: a store that was down or
         stalled stopped every process's beats, this one's too, and each live
-        process needs that window to beat again once the store is back."""
-        since = self._on_time_since
-        return since is not None and time.monotonic() - since >= self.heartbeat * MISSED_HEARTBEATS
+        process needs that window to beat again once the store is back. With
+        ``asked`` (on the store thread), a call made then and held up by the
+        store since is not on time either."""
+        since, now, interval = self._on_time_since, time.monotonic(), self._beat_interval
+        if asked is not None and now - asked > interval:
+            return False
+        window = self.heartbeat * MISSED_HEARTBEATS + self.frontier.retry_wait
+        return since is not None and now - since >= window and now - self._last_beat <= 2 * interval
 
     def _beat(self) -> Deferred[None] | None:
         """Tell the store this process is alive, renew the leases of what it
@@ -1561,13 +1568,12 @@ class FrontierScheduler(BaseScheduler):
         }
         self._beating = True
         asked = time.monotonic()
-        d = self._call(self._beat_here, info, held, asked, self._beats_on_time())
+        d = self._call(self._beat_here, info, held, asked)
         d.addCallbacks(self._beaten, partial(self.store_failed, "heartbeat"), callbackArgs=(asked, held))
         d.addBoth(self._beat_done)
         return d
 
-    def _beat_here(self, info: dict[str, Any], held: list[int], asked: float,
-                   on_time: bool) -> tuple[list[str], int, int]:
+    def _beat_here(self, info: dict[str, Any], held: list[int], asked: float) -> tuple[list[str], int, int]:
         """The heartbeat's store calls (on the store thread). Returns the
         owners reaped, how many live processes crawl the site and how many
         records it has. Owners whose mark of life ran out are reaped only
@@ -1581,7 +1587,7 @@ class FrontierScheduler(BaseScheduler):
         if held:
             frontier.renew(site, self.owner, held, self.lease)
         owners = frontier.owners(site)
-        on_time = on_time and time.monotonic() - asked <= self._beat_interval
+        on_time = self._beats_on_time(asked)
         dead = frontier.reap(site, dead=self._dead_here(owners), expired=on_time)
         live = sum(1 for o in owners if (o.alive or not on_time) and o.owner not in dead)
         return dead, live, frontier.count(site)
@@ -1809,6 +1815,8 @@ class FrontierScheduler(BaseScheduler):
         logged with its traceback, the others counted; what fails after the
         store is gone is its consequence, counted and not logged again."""
         self.stats.inc_value(f"vertical/store/failed/{what}")
+        if what == "heartbeat":
+            self._on_time_since = None  # see _beats_on_time
         if failure.check(StoreUnavailable, UnsuitableStore):
             self._store_gone(what, failure)
         elif self.store_gone is not None:

@@ -146,6 +146,10 @@ class Frontier(ABC):
 
     uri: str = ""
     collisions: int = 0
+    #: The longest a call waits before it tries an unreachable store again:
+    #: after an outage, one process may reach the store that much later than
+    #: another (and beat only then).
+    retry_wait: float = 0.0
 
     # -- the store's clock ---------------------------------------------------
 

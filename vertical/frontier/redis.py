@@ -1365,6 +1365,8 @@ class RedisFrontier(Frontier):
     (an existing store keeps its own: see ``benchmarks/REDIS.md`` for sizes).
     """
 
+    retry_wait = RETRY_DELAYS[1]
+
     def __init__(self, client: redis.Redis, *, uri: str = "", prefix: str = DEFAULT_PREFIX,
                  patience: float = DEFAULT_PATIENCE, bucket_bits: int = DEFAULT_BUCKET_BITS,
                  slot_seconds: int = DEFAULT_SLOT_SECONDS) -> None:
