@@ -1537,17 +1537,16 @@ class FrontierScheduler(BaseScheduler):
         before they run out."""
         return min(self.heartbeat, self.lease / 3)
 
-    def _beats_on_time(self, asked: float | None = None) -> bool:
+    def _beats_on_time(self, asked: float) -> bool:  # on the store thread
         """Have this process's beats reached the store on time for a whole
         liveness window (``MISSED_HEARTBEATS`` heartbeats, and the store's
-        longest wait between retries), the last one lately? Only then is a
-        mark of life that ran out a process's death: a store that was down or
+        longest wait between retries), the last one lately, and did the call
+        asked for at ``asked`` run without being held up? Only then is a mark
+        of life that ran out a process's death: a store that was down or
         stalled stopped every process's beats, this one's too, and each live
-        process needs that window to beat again once the store is back. With
-        ``asked`` (on the store thread), a call made then and held up by the
-        store since is not on time either."""
+        process needs that window to beat again once the store is back."""
         since, now, interval = self._on_time_since, time.monotonic(), self._beat_interval
-        if asked is not None and now - asked > interval:
+        if now - asked > interval:
             return False
         window = self.heartbeat * MISSED_HEARTBEATS + self.frontier.retry_wait
         return since is not None and now - since >= window and now - self._last_beat <= 2 * interval
