@@ -711,6 +711,63 @@ def test_redis_out_for_ten_seconds(corpus: Corpus, reference: Reference, watch: 
     found.verdict()
 
 
+def test_a_process_stopped_past_its_heartbeat_fetches_none_of_what_it_lost(
+        corpus: Corpus, reference: Reference, watch: Watch, tmp_path: Path) -> None:
+    """One of two processes is SIGSTOPped for 10 s (five 2-s heartbeats: its
+    mark of life runs out) a third of the way into their crawl, then
+    SIGCONTed. The other takes it for dead and crawls the pages it held.
+    Resumed, the stopped one hands out none of its queue before its next
+    beat tells it which claims it lost: it fetches again only what it had
+    handed to its downloader before the stop, at most the host's concurrency.
+    Nothing is lost, and both crawls end by themselves."""
+    found = Findings("process-stopped")
+    patience = reference.patience(extra_silence=FREEZE)
+    stopped, other = AGENTS[:2]
+    window: dict[str, float] = {}
+    concurrency = 2  # a queue of claims behind few requests under way
+    site = corpus.site(tmp_path, politeness={"delay": 0.05, "concurrency": concurrency})
+    store = tmp_path / "frontier.sqlite3"
+    small = {"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": FREEZE / 5}
+    runs = [launch(corpus, site, store, tmp_path, a, small, agent=a) for a in (stopped, other)]
+    pid = runs[0].proc.pid
+
+    def resume() -> None:
+        os.kill(pid, signal.SIGCONT)
+        window["end"] = time.monotonic()
+
+    resuming = threading.Timer(FREEZE, resume)
+
+    def stop() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        window["start"] = time.monotonic()
+        resuming.start()
+
+    watch.at_page(max(1, len(corpus.pages) // 3), stop)
+    try:
+        wait_all(runs, patience)
+    finally:
+        if "start" in window:
+            resuming.join()
+    assert window, "the crawls ended before a process was stopped"
+    counts = fetches(watch.hits())
+    twice = {p for p, n in counts.items() if n > 1}
+    # Sent before the stop (nothing a stopped process does reaches the
+    # server), and sent again once resumed.
+    before = set(fetches(watch.hits(stopped, until=window["end"])))
+    again = twice & set(fetches(watch.hits(stopped, since=window["end"])))
+    everything = emitted(runs)
+    found.note(pages_fetched_twice=len(twice), fetched_again_once_resumed=len(again),
+               claims_lost=runs[0].stat("vertical/scheduler/claims_lost"),
+               documents_lost=len(corpus.documents - set(everything)), seconds=seconds(runs))
+    found.ended(runs, patience)
+    found.check(set(counts) == corpus.pages, f"pages never fetched: {sample(corpus.pages - set(counts))}")
+    found.check(twice <= before | again, f"fetched twice by the other process: {sample(twice - before - again)}")
+    found.check(len(again) <= concurrency, f"{len(again)} pages the other process held fetched once resumed, "
+                                           f"e.g. {sample(again)}")
+    found.check(set(everything) == corpus.documents, f"documents lost: {sample(corpus.documents - set(everything))}")
+    found.verdict()
+
+
 @needs_redis
 def test_one_process_with_a_skewed_clock(corpus: Corpus, reference: Reference, watch: Watch, redis_url: str,
                                          tmp_path: Path) -> None:

@@ -833,15 +833,19 @@ def test_renew_extends_only_the_owners_leases(frontier):
     frontier.add([rec(i) for i in range(4)])
     mine = frontier.claim_due(SITE, "a", NOW, 600.0, 2)
     theirs = frontier.claim_due(SITE, "b", NOW, 0.05, 2)
-    _, before, after = timed(frontier, lambda: frontier.renew(
+    lost, before, after = timed(frontier, lambda: frontier.renew(
         SITE, "a", [r.fingerprint for r in mine + theirs], 500))
+    assert lost == fps(theirs)  # not a's to renew
     stored = frontier.get_many(SITE, fps(mine + theirs))
     for fp in fps(mine):
         assert_lease(stored[fp], "a", 500, before, after)
     assert {stored[fp].claim_until for fp in fps(theirs)} == {theirs[0].claim_until}
     run_out(frontier, theirs[0].claim_until)
     assert fps(claim(frontier, "c")) == fps(theirs)
-    frontier.renew(SITE, "a", [], 10)  # nothing to do
+    assert frontier.renew(SITE, "a", [], 10) == set()  # nothing to do
+    # a's process taken for dead: its claims are released, and renew says so.
+    frontier.reap(SITE, dead=["a"])
+    assert frontier.renew(SITE, "a", fps(mine), 500) == fps(mine)
 
 
 def test_release_some_or_all_of_an_owners_claims(frontier):

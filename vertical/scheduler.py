@@ -31,9 +31,11 @@ What the engine can rely on:
   that stopped answering therefore stalls the store thread only, and
   downloads, DNS and robots.txt go on meanwhile (DESIGN.md, guarantee 7).
 * A record is handed out only while its claim is known to run for at least
-  another half lease (as of the last claim or renewal the store confirmed):
-  enough to fetch it and commit it. A store that stays silent longer stops
-  the handing out, not the downloads already under way.
+  another half lease, and this process's mark of life for another heartbeat
+  (as of the last claim or renewal the store confirmed): enough to fetch it
+  and commit it. A store that stays silent longer stops the handing out, not
+  the downloads already under way; a process that stalled until the others
+  took it for dead drops the claims its next beat finds lost.
 * With ``refetch.budget``, every page fetch is drawn from the site's
   allowance in the store (:mod:`vertical.budget`), retries and second
   stages too: a run that finds it empty hands out nothing more and ends
@@ -1262,9 +1264,33 @@ class FrontierScheduler(BaseScheduler):
         return True
 
     def _committable(self, record: URLRecord) -> bool:
-        """Is the claim on ``record`` known to run for another half lease?"""
+        """Is the claim on ``record`` known to run for another half lease, and
+        this process's mark of life for another heartbeat? A process taken
+        for dead (stopped, swapped out) loses its claims long before their
+        lease runs out; it hands out nothing until its next beat says which
+        it still holds (:meth:`_drop_lost`)."""
         confirmed = max(self._claimed_at.get(record.fingerprint, 0.0), self._renewed_at)
-        return confirmed + self.lease / 2 >= time.monotonic()
+        trust = min(self.lease / 2, self.heartbeat * (MISSED_HEARTBEATS - 1))
+        return confirmed + trust >= time.monotonic()
+
+    def _drop_lost(self, lost: set[int]) -> None:
+        """Forget the queued records whose claims this process no longer
+        holds: it was taken for dead, and their pages are another's to fetch
+        (those under way are fetched; their write-back is refused as stale)."""
+        dropped = lost & self._queued
+        if not dropped:
+            return
+        for host, queue in self._queues.items():
+            if any(r.fingerprint in dropped for *_, r in queue):
+                self._queues[host] = [entry for entry in queue if entry[2].fingerprint not in dropped]
+                heapq.heapify(self._queues[host])
+        self._queued -= dropped
+        for fp in dropped:
+            self._claimed_at.pop(fp, None)
+            self._templates.pop(fp, None)
+        self.stats.inc_value("vertical/scheduler/claims_lost", len(dropped))
+        logger.warning("This process was taken for dead (its heartbeat ran out) and lost the claims of %d "
+                       "queued pages: left to the processes that hold them now", len(dropped))
 
     def _push(self, record: URLRecord, claimed_at: float) -> None:
         if record.fingerprint in self._queued or record.fingerprint in self._inflight:
@@ -1572,27 +1598,28 @@ class FrontierScheduler(BaseScheduler):
         d.addBoth(self._beat_done)
         return d
 
-    def _beat_here(self, info: dict[str, Any], held: list[int], asked: float) -> tuple[list[str], int, int]:
+    def _beat_here(self, info: dict[str, Any], held: list[int],
+                   asked: float) -> tuple[list[str], int, int, set[int]]:
         """The heartbeat's store calls (on the store thread). Returns the
-        owners reaped, how many live processes crawl the site and how many
-        records it has. Owners whose mark of life ran out are reaped only
-        when this process's beats were on time (see :meth:`_beats_on_time`),
-        this one too: one held up by the store (it waited out an outage) finds
-        every other mark run out; those whose process is gone from this
-        machine are reaped at once."""
+        owners reaped, how many live processes crawl the site, how many
+        records it has, and which claims of ``held`` this process lost.
+        Owners whose mark of life ran out are reaped only when this process's
+        beats were on time (see :meth:`_beats_on_time`), this one too: one
+        held up by the store (it waited out an outage) finds every other mark
+        run out; those whose process is gone from this machine are reaped at
+        once."""
         site, frontier = self.site.name, self.frontier
         frontier.check_intact()  # before the beat writes into a store that lost the rest
         frontier.heartbeat(site, self.owner, self.heartbeat * MISSED_HEARTBEATS, info)
-        if held:
-            frontier.renew(site, self.owner, held, self.lease)
+        lost = frontier.renew(site, self.owner, held, self.lease) if held else set()
         owners = frontier.owners(site)
         on_time = self._beats_on_time(asked)
         dead = frontier.reap(site, dead=self._dead_here(owners), expired=on_time)
         live = sum(1 for o in owners if (o.alive or not on_time) and o.owner not in dead)
-        return dead, live, frontier.count(site)
+        return dead, live, frontier.count(site), lost
 
-    def _beaten(self, beat: tuple[list[str], int, int], asked: float, held: list[int]) -> None:
-        dead, processes, records = beat
+    def _beaten(self, beat: tuple[list[str], int, int, set[int]], asked: float, held: list[int]) -> None:
+        dead, processes, records, lost = beat
         if self._fit is not None and records > self._records:
             # Grown by other processes too: a process that opened on an
             # empty store refits when the site has, not only its own part.
@@ -1610,6 +1637,7 @@ class FrontierScheduler(BaseScheduler):
         self._failing_since = None  # the beat was a write the store took
         if held:
             self.stats.inc_value("vertical/scheduler/lease_renewals")
+        self._drop_lost(lost)
         if dead:
             self.stats.inc_value("vertical/owners/reaped", len(dead))
             logger.info("Claims of stopped crawl processes released: %s", ", ".join(dead))

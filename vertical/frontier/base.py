@@ -265,9 +265,11 @@ class Frontier(ABC):
         of such records of the host, not of the site."""
 
     @abstractmethod
-    def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> None:
+    def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> set[int]:
         """Extend the owner's claims on these records to ``clock() + lease``
-        (claims of other owners, and released records, are left alone)."""
+        (claims of other owners, and released records, are left alone), and
+        return those of ``fingerprints`` it no longer holds: released (its
+        owner reaped) or claimed by another."""
 
     @abstractmethod
     def release(self, site: str, owner: str, fingerprints: Iterable[int] | None = None) -> None:

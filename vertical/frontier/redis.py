@@ -1164,19 +1164,22 @@ end
 return conflicts
 """
 
-# ARGV: owner lease fp*
+# ARGV: owner lease fp*. Returns the fps the owner no longer holds.
 _RENEW = _LUA_COMMON + r"""
 local till = clock() + tonumber(ARGV[6])
 local claim = ARGV[5] .. SEP .. num(till)
+local lost = {}
 for i = 7, #ARGV do
   local fp = ARGV[i]
   local l = redis.call("HGET", LEASE, fp)
   if l and lease_owner(l) == ARGV[5] then
     local rec = rget(fp)
     if rec then hold(fp, rec, claim, till) end
+  else
+    lost[#lost + 1] = fp
   end
 end
-return 0
+return lost
 """
 
 # ARGV: owner fp* (none: every claim of the owner)
@@ -1785,10 +1788,12 @@ class RedisFrontier(Frontier):
             "1" if planned else "0",
         ]
 
-    def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> None:
-        k = self._site(site)
+    def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> set[int]:
+        k, lost = self._site(site), set()
         for chunk in _chunks([_FP.pack(fp) for fp in fingerprints]):
-            self._retry(lambda _, c=chunk: self._run(self._renew, k, [owner, _float(lease), *c]))
+            reply = self._retry(lambda _, c=chunk: self._run(self._renew, k, [owner, _float(lease), *c]))
+            lost.update(_FP.unpack(fp)[0] for fp in reply)
+        return lost
 
     def release(self, site: str, owner: str, fingerprints: Iterable[int] | None = None) -> None:
         k = self._site(site)

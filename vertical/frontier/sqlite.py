@@ -549,16 +549,16 @@ class SQLiteFrontier(Frontier):
                 break
         return rows
 
-    def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> None:
-        fps = list(fingerprints)
+    def renew(self, site: str, owner: str, fingerprints: Iterable[int], lease: float) -> set[int]:
+        fps, lost = list(fingerprints), set()
         with self._transaction() as db:
             until = self.clock() + lease
             for chunk in _chunks(fps):
-                db.execute(
-                    f"UPDATE urls SET claim_until = ? WHERE site = ? AND claim_owner = ? "
-                    f"AND fp IN ({', '.join('?' * len(chunk))})",
-                    (until, site, owner, *chunk),
-                )
+                where = f"WHERE site = ? AND claim_owner = ? AND fp IN ({', '.join('?' * len(chunk))})"
+                held = {fp for (fp,) in db.execute(f"SELECT fp FROM urls {where}", (site, owner, *chunk))}
+                lost.update(fp for fp in chunk if fp not in held)
+                db.execute(f"UPDATE urls SET claim_until = ? {where}", (until, site, owner, *chunk))
+        return lost
 
     def release(self, site: str, owner: str, fingerprints: Iterable[int] | None = None) -> None:
         with self._transaction() as db:
