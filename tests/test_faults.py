@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,34 @@ class Run:
         how = self.stopped or f"exit code {self.proc.returncode}"
         return (f"{self.tag}: {how} ({self.duration:.1f}s, longest silence "
                 f"{self.longest_silence(patience.startup):.1f}s)")
+
+
+def out_for_a_while(corpus: Corpus, out: Callable[[], object], back: Callable[[], object], runs: list[Run],
+                    patience: Patience) -> dict[str, float]:
+    """Call ``out`` when a third of the corpus's pages were asked for, and
+    ``back`` FREEZE seconds later, while waiting for ``runs``. Returns when
+    each was called (monotonic, "start" and "end"), empty if the runs ended
+    before."""
+    window: dict[str, float] = {}
+
+    def end() -> None:
+        back()
+        window["end"] = time.monotonic()
+
+    ending = threading.Timer(FREEZE, end)
+
+    def start() -> None:
+        out()
+        window["start"] = time.monotonic()
+        ending.start()
+
+    corpus.watch.at_page(max(1, len(corpus.pages) // 3), start)
+    try:
+        wait_all(runs, patience)
+    finally:
+        if "start" in window:
+            ending.join()
+    return window
 
 
 def wait_all(runs: Iterable[Run], patience: Patience) -> None:
@@ -657,37 +686,17 @@ def test_redis_out_for_ten_seconds(corpus: Corpus, reference: Reference, watch: 
     out during the outage (three missed beats): the store stopped them all."""
     found = Findings(f"redis-{outage}-{heartbeat:g}s-heartbeat")
     patience = reference.patience(extra_silence=FREEZE)
-    window: dict[str, float] = {}
     with RedisServer(appendonly=True) as redis_server:
         pid = redis_server.process.pid  # type: ignore[union-attr]
-
-        def thaw() -> None:
-            if outage == "frozen":
-                os.kill(pid, signal.SIGCONT)
-            else:
-                redis_server.start()
-            window["end"] = time.monotonic()
-
-        thawing = threading.Timer(FREEZE, thaw)
-
-        def freeze() -> None:
-            if outage == "frozen":
-                os.kill(pid, signal.SIGSTOP)
-            else:
-                redis_server.stop()
-            window["start"] = time.monotonic()
-            thawing.start()
-
-        watch.at_page(max(1, len(corpus.pages) // 3), freeze)
+        if outage == "frozen":
+            out, back = partial(os.kill, pid, signal.SIGSTOP), partial(os.kill, pid, signal.SIGCONT)
+        else:
+            out, back = redis_server.stop, redis_server.start
         store = f"{redis_server.url}/0?patience=60"
         site = corpus.site(tmp_path)
         small = {"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": heartbeat}
         runs = [launch(corpus, site, store, tmp_path, a, small, agent=a) for a in AGENTS[:2]]
-        try:
-            wait_all(runs, patience)
-        finally:
-            if "start" in window:
-                thawing.join()
+        window = out_for_a_while(corpus, out, back, runs, patience)
     assert window, "the crawls ended before Redis was stopped"
     counts = fetches(watch.hits())
     everything = emitted(runs)
@@ -723,31 +732,14 @@ def test_a_process_stopped_past_its_heartbeat_fetches_none_of_what_it_lost(
     found = Findings("process-stopped")
     patience = reference.patience(extra_silence=FREEZE)
     stopped, other = AGENTS[:2]
-    window: dict[str, float] = {}
     concurrency = 2  # a queue of claims behind few requests under way
     site = corpus.site(tmp_path, politeness={"delay": 0.05, "concurrency": concurrency})
     store = tmp_path / "frontier.sqlite3"
     small = {"VERTICAL_CLAIM_BATCH": 8, "VERTICAL_HEARTBEAT": FREEZE / 5}
     runs = [launch(corpus, site, store, tmp_path, a, small, agent=a) for a in (stopped, other)]
     pid = runs[0].proc.pid
-
-    def resume() -> None:
-        os.kill(pid, signal.SIGCONT)
-        window["end"] = time.monotonic()
-
-    resuming = threading.Timer(FREEZE, resume)
-
-    def stop() -> None:
-        os.kill(pid, signal.SIGSTOP)
-        window["start"] = time.monotonic()
-        resuming.start()
-
-    watch.at_page(max(1, len(corpus.pages) // 3), stop)
-    try:
-        wait_all(runs, patience)
-    finally:
-        if "start" in window:
-            resuming.join()
+    window = out_for_a_while(corpus, partial(os.kill, pid, signal.SIGSTOP), partial(os.kill, pid, signal.SIGCONT),
+                             runs, patience)
     assert window, "the crawls ended before a process was stopped"
     counts = fetches(watch.hits())
     twice = {p for p, n in counts.items() if n > 1}
