@@ -877,10 +877,8 @@ class FrontierScheduler(BaseScheduler):
 
         def take() -> dict[str, dict[str, Any]]:  # on the store thread
             # A reading's process is taken for dead as a claim's is (_beat_here).
-            on_time = self._beats_on_time(asked)
             owners = self.frontier.owners(site)
-            gone = set(self._dead_here(owners))
-            live = {o.owner for o in owners if (o.alive or not on_time) and o.owner not in gone}
+            live = self._live(owners, self._beats_on_time(asked), dead=self._dead_here(owners))
             rule = partial(take_reading, owner=owner, now=now, min_age=min_age, lease=lease, live=live)
             return {url: self.frontier.update_meta(site, reading_key(url), rule) for url in urls}
 
@@ -1615,8 +1613,15 @@ class FrontierScheduler(BaseScheduler):
         owners = frontier.owners(site)
         on_time = self._beats_on_time(asked)
         dead = frontier.reap(site, dead=self._dead_here(owners), expired=on_time)
-        live = sum(1 for o in owners if (o.alive or not on_time) and o.owner not in dead)
-        return dead, live, frontier.count(site), lost
+        return dead, len(self._live(owners, on_time, dead)), frontier.count(site), lost
+
+    @staticmethod
+    def _live(owners: Iterable[OwnerInfo], on_time: bool, dead: Iterable[str]) -> set[str]:
+        """The names of ``owners`` taken for alive: those whose mark of life
+        runs, or every one while this process's beats are not ``on_time``
+        (:meth:`_beats_on_time`), but none of ``dead``."""
+        gone = set(dead)
+        return {o.owner for o in owners if (o.alive or not on_time) and o.owner not in gone}
 
     def _beaten(self, beat: tuple[list[str], int, int, set[int]], asked: float, held: list[int]) -> None:
         dead, processes, records, lost = beat
