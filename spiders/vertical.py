@@ -448,14 +448,14 @@ class VerticalSpider(Spider):
             stats.inc_value("vertical/sitemap/gzip_cut")
             validators = {}
         if kind == "sitemapindex":
-            children = self._sitemap_urls(child for child, _ in entries)
+            children = self._sitemap_urls(child for child, *_ in entries)
             self._skipped(response, len(entries) - len(children), len(entries))
             scheduler.sitemap_read(url, began, validators, children)
             self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
         strip = self.site.traps.strip_params
         pages = []
-        for page, lastmod in entries:
+        for page, lastmod, changefreq in entries:
             # Canonical first: the host the crawl would fetch is the one
             # checked (a backslash in a <loc> moves it).
             try:
@@ -463,18 +463,18 @@ class VerticalSpider(Spider):
             except ValueError:
                 continue
             if sitemap_wanted(self.site, page, page=True):
-                pages.append((page, lastmod))
+                pages.append((page, lastmod, changefreq))
         self._skipped(response, len(entries) - len(pages), len(entries))
         now = scheduler.now()
-        if any(lastmod is not None and lastmod > now for _, lastmod in pages):
+        if any(lastmod is not None and lastmod > now for _, lastmod, _ in pages):
             # A lastmod not reached yet (the site's clock ahead) says nothing
             # now, and would never be read again behind a 304: no validators.
             # One past LASTMOD_AHEAD_MAX is dropped, or every reading of the
             # sitemap would be a whole one for good.
             stats.inc_value("vertical/sitemap/lastmod_ahead")
-            pages = [(page, None if lastmod is not None and lastmod > now + LASTMOD_AHEAD_MAX else lastmod)
-                     for page, lastmod in pages]
-            if any(lastmod is not None and lastmod > now for _, lastmod in pages):
+            pages = [(page, None if lastmod is not None and lastmod > now + LASTMOD_AHEAD_MAX else lastmod, said)
+                     for page, lastmod, said in pages]
+            if any(lastmod is not None and lastmod > now for _, lastmod, _ in pages):
                 validators = {}
         scheduler.sitemap_read(url, began, validators, after=scheduler.sitemap_entries(pages, previous))
 

@@ -19,6 +19,7 @@ from vertical.policies import (
 )
 from vertical.policies.claims import CLAIM_KEY, CLAIM_MISS, CLAIMS_KEY, check_claim, note_claim
 from vertical.policies.estimate import (
+    CHANGEFREQ_KEY,
     LISTED_KEY,
     MODIFIED_BAD_KEY,
     PROBE_KEY,
@@ -31,6 +32,7 @@ from vertical.policies.estimate import (
     naive_rate,
     observe,
     observe_listed,
+    page_family,
     url_section,
 )
 from vertical.policies.oracle import (
@@ -439,6 +441,48 @@ def test_a_new_page_borrows_from_its_url_section_first():
     half = [(a + b) / 2 for a, b in zip(state["families"]["x/archive/#"][1], state["families"]["x/news"][1])]
     assert mixed == pytest.approx(half)
     assert len(OptimalSchedule(**kw, families=2).merge_state(theirs, {})["families"]) == 2
+
+
+def test_pages_of_one_changefreq_borrow_from_each_other_as_far_as_it_tells():
+    """A sitemap's changefreq pools a section's pages of one value: where it
+    tells (docs: daily pages change daily, yearly ones never) a new page
+    starts from its value's pages; where it does not (blog: values at
+    random) from about its section's, whatever it claims."""
+    assert page_family("http://x/docs/a", {CHANGEFREQ_KEY: "daily"}) == ("x/docs", "x/docs daily")
+    assert page_family("sim:3", {CHANGEFREQ_KEY: "weekly"}) == (None, "weekly")
+    assert page_family("http://x/docs/a", {CHANGEFREQ_KEY: "fortnightly"}) == ("x/docs", None)
+    assert page_family("http://x/a", {}) == (None, None)
+    rng = random.Random(5)
+    site = []
+    for i in range(800):
+        docs = i % 2 == 0
+        said = rng.choice(("daily", "yearly"))
+        rate = (1.0 if said == "daily" else 0.0) if docs else 1 / 7
+        r = URLRecord(url=f"http://x/{'docs' if docs else 'blog'}/p{i}", fingerprint=i, site="s", host="x",
+                      level=2, extra={CHANGEFREQ_KEY: said})
+        c, u, tc, tu = _history(rng, rate, 7.0, 4)
+        r.extra["chg"] = [c, u, tc * DAY, tu * DAY]
+        r.visits = 4
+        site.append(r)
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=0.2 * DAY)
+    s.learn(site, iterations=50)
+    assert {"x/docs", "x/blog", "x/docs daily", "x/docs yearly", "x/blog daily", "x/blog yearly"} <= set(
+        s.family_priors)
+
+    def first_delay(url: str, said: str | None) -> float:
+        r = URLRecord(url=url, fingerprint=10**6, site="s", host="x", level=2,
+                      extra={CHANGEFREQ_KEY: said} if said else {})
+        s.set_discovered(r, 0.0)
+        s.set_fetched(r, 0.0, changed=True)
+        return r.refetch_delay
+
+    docs, daily, yearly = (first_delay("http://x/docs/new", said) for said in (None, "daily", "yearly"))
+    assert daily < 0.7 * docs and yearly > 4 * docs
+    assert first_delay("http://x/docs/new", "fortnightly") == docs  # no value: its section's
+    blog, daily, yearly = (first_delay("http://x/blog/new", said) for said in (None, "daily", "yearly"))
+    assert 0.8 < daily / blog < 1.25 and 0.8 < yearly / blog < 1.25
+    # A page in no section with a value no such page has: the site's.
+    assert first_delay("http://x/new", "daily") == first_delay("http://x/new", None)
 
 
 def test_a_site_without_sections_is_scheduled_as_before():

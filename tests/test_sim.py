@@ -10,6 +10,7 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
+from vertical.policies.estimate import CHANGEFREQS  # noqa: E402
 from vertical.policies.oracle import oracle_allocation  # noqa: E402
 from vertical.sim import ScenarioError, parse_scenario  # noqa: E402
 from vertical.sim.engine import PolicySpec, simulate  # noqa: E402
@@ -316,6 +317,45 @@ def test_the_optimal_schedule_learns_the_sections_of_a_simulated_site(monkeypatc
         static = bool(site.rate[site.section == s][0] == 0)
         learned = schedule.family_priors[f"sim/{section_name(s)}"].weights[0]
         assert (learned > 0.5) == static, (s, learned)
+
+
+def test_a_simulated_sitemaps_changefreq_is_the_value_nearest_each_pages_interval(monkeypatch):
+    base = {**SMALL, "pages": 4000, "hubs": {"count": 0, "new_pages_per_day": 0}, "horizon_days": 30}
+    plain = make_site(parse_scenario(base), 1)
+    true = make_site(parse_scenario({**base, "changefreq": {"share": 1.0}}), 1)
+    assert plain.changefreq is None
+    # The rest of the site as drawn without it.
+    assert np.array_equal(true.rate, plain.rate) and np.array_equal(true.change_times, plain.change_times)
+    said = [CHANGEFREQS[k] for k in true.changefreq]
+    # Cut at the geometric means of an hour, a day, a week, a month, a year.
+    cuts = [math.sqrt(a * b) for a, b in ((1 / 24, 1), (1, 7), (7, 30), (30, 365))]
+    for rate, value in zip(true.rate, said):
+        days = 1 / rate if rate else math.inf
+        assert value == ("hourly" if days < cuts[0] else "daily" if days < cuts[1] else "weekly" if days < cuts[2]
+                         else "monthly" if days < cuts[3] else "yearly" if rate else "never"), (days, value)
+    half = make_site(parse_scenario({**base, "changefreq": {"share": 0.5, "noise": 1.0}}), 1)
+    assert abs(np.mean(half.changefreq >= 0) - 0.5) < 0.03
+    assert len(set(half.changefreq.tolist())) == len(CHANGEFREQS) + 1  # every value, at random, and none
+    with pytest.raises(ScenarioError, match="changefreq.noise"):
+        parse_scenario({**base, "changefreq": {"noise": 2}})
+    # The optimal schedule learns a family of each value from the pages' visits.
+    from vertical.policies import refetch
+
+    built = []
+
+    class Spy(refetch.OptimalSchedule):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            built.append(self)
+
+    import vertical.policies as policies
+
+    monkeypatch.setitem(policies.SCHEDULES, "optimal", Spy)
+    scn = parse_scenario({**base, "pages": 1000, "changefreq": {"share": 1.0}})
+    simulate(make_site(scn, 1), PolicySpec("optimal", "optimal", "due"), 0.5, scn)
+    priors = built[0].family_priors
+    assert {"never", "weekly", "monthly"} <= set(priors)
+    assert priors["never"].weights[0] > 0.5 > priors["weekly"].weights[0]  # the share of static pages
 
 
 def test_a_labelled_policy_named_like_a_built_in_runs_as_labelled():

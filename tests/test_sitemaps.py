@@ -34,7 +34,7 @@ from vertical.config import ConfigError, parse_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite, step_date
 from vertical.frontier import open_frontier
-from vertical.policies.estimate import LISTED_KEY
+from vertical.policies.estimate import CHANGEFREQ_KEY, LISTED_KEY
 from vertical.policies.refetch import TRUST_AFTER
 from vertical.sitemaps import granted, lastmod_time, read_sitemap, reading_done, sitemap_body, take_reading
 
@@ -54,13 +54,13 @@ def test_demo_sitemaps_read_as_an_index_a_gzipped_urlset_and_a_plain_one():
     assert "Sitemap: /sitemap.xml" in site.render("/robots.txt").body.decode()
     kind, maps = read_sitemap(sitemap_body(served(site, "/sitemap.xml")), BASE + "/sitemap.xml")
     assert kind == "sitemapindex"
-    assert [u for u, _ in maps] == [BASE + "/sitemap-films.xml.gz", BASE + "/sitemap-years.xml"]
+    assert [u for u, *_ in maps] == [BASE + "/sitemap-films.xml.gz", BASE + "/sitemap-years.xml"]
     films = served(site, "/sitemap-films.xml.gz")
     assert films.body[:2] == b"\x1f\x8b"  # gzip, no Content-Encoding: ours to gunzip
     kind, entries = read_sitemap(sitemap_body(films), films.url)
     assert kind == "urlset"
-    assert {u for u, _ in entries} == {BASE + f"/film/{f.id}" for f in site.films(1)}
-    lastmod = dict(entries)
+    assert {u for u, *_ in entries} == {BASE + f"/film/{f.id}" for f in site.films(1)}
+    lastmod = {u: t for u, t, _ in entries}
     day1 = step_date(1).timestamp()
     moved = {u for u, t in lastmod.items() if t == day1}
     plan, new = site.plan(), site.changes(1)["new"]
@@ -86,8 +86,8 @@ def test_lastmod_formats_and_bodies_that_are_no_sitemap():
     urlset = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc>'
               b"<lastmod>Tue, 02 Jan 2024 09:00:00 GMT</lastmod></url><url><loc>/b</loc><lastmod>soon</lastmod></url>"
               b"</urlset>")
-    assert read_sitemap(urlset, BASE) == ("urlset", [(BASE + "/a", datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp()),
-                                                     (BASE + "/b", None)])
+    assert read_sitemap(urlset, BASE) == ("urlset", [
+        (BASE + "/a", datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp(), None), (BASE + "/b", None, None)])
 
 
 def test_sitemaps_key():
@@ -129,10 +129,10 @@ def test_sitemap_lastmod_drives_the_due_set(tmp_path):
         second = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": DAY})
         requested = film_requests(server)
         _, entries = read_sitemap(sitemap_body(served(demo, "/sitemap-films.xml.gz")), BASE)
-        listed = {"/" + u.split("/", 3)[3]: t for u, t in entries}
+        listed = {"/" + u.split("/", 3)[3]: t for u, t, _ in entries}
         moved = {p for p, t in listed.items() if p in fetched and t > fetched[p]}
         _, entries = read_sitemap(sitemap_body(served(demo, "/sitemap-years.xml")), BASE)
-        years = {"/" + u.split("/", 3)[3]: t for u, t in entries}
+        years = {"/" + u.split("/", 3)[3]: t for u, t, _ in entries}
         years_moved = {p for p, t in years.items() if p in fetched and t > fetched[p]}
         assert years_moved <= {r["path"] for r in server.requests}
         plan = demo.plan()
@@ -428,7 +428,7 @@ def test_feeds_are_sitemaps(path):
         body = re.sub(rb"(<item>|<entry>)", rb'\1<link href="http://example.com/a">http://example.com/a</link>', body)
     kind, entries = read_sitemap(body, "http://example.com/feed.xml")
     assert kind == "feed"
-    url, lastmod = entries[0]
+    url, lastmod, _ = entries[0]
     if field == "link":
         assert url == want
     else:
@@ -441,20 +441,21 @@ def test_what_is_no_feed_entry():
     rss = (b'<rss version="2.0"><channel><item><title>no link</title></item>'
            b'<item><guid isPermaLink="false">tag:1</guid></item><item><link>http://[bad</link></item>'
            b"<item><link>/ok</link><pubDate>yesterday</pubDate></item></channel></rss>")
-    assert read_sitemap(rss, "http://example.com/feed") == ("feed", [("http://example.com/ok", None)])
+    assert read_sitemap(rss, "http://example.com/feed") == ("feed", [("http://example.com/ok", None, None)])
     atom = (b'<feed xmlns="http://www.w3.org/2005/Atom" xml:base="http://example.com/blog/">'
             b'<entry><link rel="self" href="/self"/><link href="post-1"/><updated>2024-01-02T03:04:05Z</updated>'
             b'</entry><entry><link rel="enclosure" href="/a.mp3"/></entry></feed>')
     assert read_sitemap(atom, "http://other.example/feed") == (
-        "feed", [("http://example.com/blog/post-1", lastmod_time("2024-01-02T03:04:05Z"))])
+        "feed", [("http://example.com/blog/post-1", lastmod_time("2024-01-02T03:04:05Z"), None)])
     assert read_sitemap(b"<urlset><url><loc>http://[bad</loc></url><url><loc>/a</loc></url></urlset>",
-                        "http://example.com/s.xml") == ("urlset", [("", None), ("http://example.com/a", None)])
+                        "http://example.com/s.xml") == (
+        "urlset", [("", None, None), ("http://example.com/a", None, None)])
     # RSS links against their xml:base too, from the rss element or the item.
     rss = (b'<rss version="2.0" xml:base="http://example.com/blog/"><channel><item><link>post-1</link></item>'
            b'<item xml:base="/news/"><link>post-2</link></item><item><guid>post-3</guid></item></channel></rss>')
     assert read_sitemap(rss, "http://example.com/feed.xml") == (
-        "feed", [("http://example.com/blog/post-1", None), ("http://example.com/news/post-2", None),
-                 ("http://example.com/blog/post-3", None)])
+        "feed", [("http://example.com/blog/post-1", None, None), ("http://example.com/news/post-2", None, None),
+                 ("http://example.com/blog/post-3", None, None)])
 
 
 def test_a_feed_named_as_a_sitemap_brings_its_items(tmp_path):
@@ -737,10 +738,10 @@ def test_what_a_crawl_learned_of_the_sitemap_survives_its_kill(tmp_path, end, ev
 def test_a_sitemap_or_feed_is_read_to_the_protocols_count_of_entries():
     urlset = ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
               + "".join(f"<url><loc>/p/{i}</loc></url>" for i in range(5)) + "</urlset>").encode()
-    assert read_sitemap(urlset, BASE, limit=3) == ("urlset", [(BASE + f"/p/{i}", None) for i in range(4)])
+    assert read_sitemap(urlset, BASE, limit=3) == ("urlset", [(BASE + f"/p/{i}", None, None) for i in range(4)])
     rss = ('<rss version="2.0"><channel>' + "".join(f"<item><link>/p/{i}</link></item>" for i in range(5))
            + "</channel></rss>").encode()
-    assert read_sitemap(rss, BASE, limit=3) == ("feed", [(BASE + f"/p/{i}", None) for i in range(4)])
+    assert read_sitemap(rss, BASE, limit=3) == ("feed", [(BASE + f"/p/{i}", None, None) for i in range(4)])
     # A .xml.gz served with Content-Encoding: gzip arrives inflated, with or without an XML declaration.
     assert sitemap_body(Response(BASE + "/s.xml.gz", body=urlset)) == urlset
 
@@ -864,6 +865,37 @@ def test_a_url_listed_twice_is_dated_by_its_latest_lastmod(tmp_path):
         crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": DAY})
         log = list(server.log)
     assert sorted(p for p in log if p.startswith("/news/")) == ["/news/a", "/news/b"], log
+
+
+def test_a_pages_changefreq_is_noted_for_the_schedule_and_kept_through_its_fetches(tmp_path, frontier_uri):
+    """A ``<changefreq>`` as sitemaps.org spells it, in any case, is noted on
+    the page's record (new or known) for the schedule to pool pages by; a
+    value it does not know is none. A reading that gives another replaces
+    it, and the write-back of a page fetched meanwhile keeps it."""
+    def urlset(entries: Sequence[tuple[str, str]]) -> bytes:
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
+            f"<url><loc>{p}</loc><changefreq>{said}</changefreq></url>" for p, said in entries)
+            + "</urlset>").encode()
+
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html("/news/a")),
+             "/news/a": (200, html()), "/news/b": (200, html()), "/news/c": (200, html()),
+             "/s.xml": (200, urlset([("/news/a", "daily"), ("/news/b", " Monthly "), ("/news/c", "fortnightly")]))}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
+                          refetch={"initial": "1h", "min": "1h"})
+        crawl(site, frontier_uri, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
+        with open_frontier(frontier_uri) as frontier:
+            said = {urlsplit(r.url).path: r.extra.get(CHANGEFREQ_KEY) for r in frontier.iter_records("news")}
+        assert said == {"/": None, "/news/a": "daily", "/news/b": "monthly", "/news/c": None}
+        pages["/s.xml"] = (200, urlset([("/news/a", "hourly"), ("/news/b", "monthly"), ("/news/c", "never")]))
+        server.log.clear()
+        crawl(site, frontier_uri, tmp_path, tag="2",
+              settings={"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_TIME_OFFSET": DAY})
+        log = list(server.log)
+    assert {"/news/a", "/news/b", "/news/c"} <= set(log), log  # fetched again, written back after the reading
+    with open_frontier(frontier_uri) as frontier:
+        said = {urlsplit(r.url).path: r.extra.get(CHANGEFREQ_KEY) for r in frontier.iter_records("news")}
+    assert said == {"/": None, "/news/a": "hourly", "/news/b": "monthly", "/news/c": "never"}
 
 
 def test_a_sitemap_waits_as_pages_do_while_robots_txt_is_unreachable(tmp_path):
@@ -1356,19 +1388,19 @@ def test_a_text_sitemap_lists_the_urls_on_its_lines():
             "http://a.example/with space\nftp://a.example/f\nhttp://a.example/a\u2028b\nhttp://a.example/c\x0cd\n"
             "http://a.example/3").encode() + b"\nhttp://a.example/caf\xe9\n"
     assert read_sitemap(body, BASE + "/s.txt") == ("text", [
-        ("http://a.example/1", None), ("https://a.example/2?x=1", None), *[("", None)] * 6,
-        ("http://a.example/3", None), ("", None)])
+        ("http://a.example/1", None, None), ("https://a.example/2?x=1", None, None), *[("", None, None)] * 6,
+        ("http://a.example/3", None, None), ("", None, None)])
     assert read_sitemap(b"<html><body>Not found</body></html>", BASE + "/s.txt") == ("", [])
     assert read_sitemap(b'{"error": "not found"}', BASE + "/s.txt") == ("", [])
     # An XML sitemap's entries that are no URL are listed as "", to be counted too
     # (Scrapy's Sitemap leaves out a <url> without a <loc>).
     bad = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc></url><url><loc></loc>'
            b"</url><url><loc>http://[::1/z</loc></url></urlset>")
-    assert read_sitemap(bad, BASE + "/s.xml") == ("urlset", [(BASE + "/a", None), ("", None), ("", None)])
+    assert read_sitemap(bad, BASE + "/s.xml") == ("urlset", [(BASE + "/a", None, None), *[("", None, None)] * 2])
     urlset = '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc></url></urlset>'
     for encoding in ("utf-16", "utf-16-le"):
         xml = f'<?xml version="1.0" encoding="{encoding.upper()}"?>{urlset}'.encode(encoding)
-        assert read_sitemap(xml, BASE + "/s.xml") == ("urlset", [(BASE + "/a", None)]), encoding
+        assert read_sitemap(xml, BASE + "/s.xml") == ("urlset", [(BASE + "/a", None, None)]), encoding
     many = "".join(f"http://a.example/{i}\n" for i in range(12)).encode()
     assert len(read_sitemap(many, BASE + "/s.txt", limit=10)[1]) == 11  # one more: the caller counts the rest
     # A .txt path, text/plain or gzip is read; a page served as HTML is not.

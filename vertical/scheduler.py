@@ -88,6 +88,7 @@ from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, Unsui
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.estimate import (
+    CHANGEFREQ_KEY,
     LISTED_KEY,
     dates_a_change,
     generated,
@@ -199,6 +200,8 @@ class FrontierScheduler(BaseScheduler):
         # URL -> (its lastmod, when read): what a sitemap said of a URL it
         # listed before the frontier knew it, for its record once stored.
         self._listed_new: dict[int, tuple[float, float]] = {}
+        # URL -> the changefreq a sitemap gave it, the same way.
+        self._listed_changefreq: dict[int, str] = {}
         self._reads_sitemaps = False  # asked to read a sitemap (or feed) this run
         self._seq = itertools.count()
         self._next_poll = 0.0
@@ -738,10 +741,13 @@ class FrontierScheduler(BaseScheduler):
         for url in urls:
             self._discover(url, level, parent, False)
 
-    def sitemap_entries(self, entries: Iterable[tuple[str, float | None]],
+    def sitemap_entries(self, entries: Iterable[tuple[str, float | None, str | None]],
                         previous: float | None = None) -> Deferred[int]:
         """URLs a sitemap lists (canonical), each with its ``<lastmod>`` as a
-        timestamp or None. New URLs are discovered at level 1 (announced, as
+        timestamp or None and its ``<changefreq>`` or None. A changefreq is
+        noted on the page's record (:data:`~vertical.policies.estimate.CHANGEFREQ_KEY`)
+        for the schedule to pool pages by, until a reading gives another.
+        New URLs are discovered at level 1 (announced, as
         a link from an entry page would be: the seen test and the trap guards
         apply). A known page whose lastmod is after its last fetch (or a
         date without its hour on the day of that fetch, until a fetch after
@@ -762,8 +768,12 @@ class FrontierScheduler(BaseScheduler):
         many known pages were brought forward."""
         entries = list(entries)
         lastmods: dict[int, float] = {}
+        said: dict[int, str] = {}
         now = self.now()
-        for url, lastmod in entries:
+        for url, lastmod, changefreq in entries:
+            if changefreq is not None:
+                fp = fingerprint(url)
+                said[fp] = self._listed_changefreq[fp] = changefreq
             if lastmod is not None and lastmod <= now:
                 # A URL listed twice: its latest date, whatever the order.
                 fp = fingerprint(url)
@@ -772,15 +782,21 @@ class FrontierScheduler(BaseScheduler):
                     self._listed_new[fp] = (lastmods[fp], now)  # until the batch it joins is stored
             self._discover(url, 1, None, False)
         self.stats.inc_value("vertical/sitemap/urls", len(entries))
-        if not lastmods:
+        if not lastmods and not said:
             return succeed(0)
         site = self.site.name
 
         def fetched() -> list[URLRecord]:  # on the store thread
+            stored = self.frontier.get_many(site, lastmods.keys() | said.keys())
+            if renamed := [r for fp, r in stored.items() if fp in said and r.extra.get(CHANGEFREQ_KEY) != said[fp]]:
+                for record in renamed:
+                    record.extra[CHANGEFREQ_KEY] = said[record.fingerprint]
+                # A page fetched meanwhile is noted at the next reading.
+                self.frontier.save_priorities(site, renamed, (CHANGEFREQ_KEY,), unfetched_only=True)
             # Not a page gone, parked or failing: its recheck or its
             # backoff decides when it is asked again, not its lastmod.
-            known = [r for r in self.frontier.get_many(site, lastmods).values()
-                     if r.state not in (GONE, FORBIDDEN, TRAP) and not r.extra.get("failures")]
+            known = [r for fp, r in stored.items() if fp in lastmods
+                     and r.state not in (GONE, FORBIDDEN, TRAP) and not r.extra.get("failures")]
             # A page not fetched yet is due already; the date shown before
             # its first fetch is noted, as for a URL first found here, in
             # the same turn of the store thread as the read: a write-back
@@ -1043,7 +1059,8 @@ class FrontierScheduler(BaseScheduler):
         """Before the write-back of ``records``, claimed by this process:
         the dates a sitemap reading noted on their stored copies meanwhile,
         by this process or another (:meth:`sitemap_entries` writes only to
-        the store), kept where later than the copy written back. Written
+        the store), kept where later than the copy written back, and the
+        changefreq a reading gave it (which only a reading writes). Written
         over, a date the page's sitemaps showed before its fetch was lost,
         and the next reading of it brought the page back unchanged. Not
         for a site this process reads no sitemap of: its processes share
@@ -1055,6 +1072,8 @@ class FrontierScheduler(BaseScheduler):
         for record in records:
             if (copy := stored.get(record.fingerprint)) is not None:
                 keep_later_listed(record.extra, copy.extra)
+                if (changefreq := copy.extra.get(CHANGEFREQ_KEY)) is not None:
+                    record.extra[CHANGEFREQ_KEY] = changefreq
 
     def wake(self, host: str, state: str) -> Deferred[int]:
         """Make a host's records in a parked ``state`` due now (its
@@ -1492,6 +1511,8 @@ class FrontierScheduler(BaseScheduler):
             record = URLRecord(url=url, fingerprint=fp, site=site, host=host, level=level, state=NEW)
             if parent is not None:
                 record.extra["referer"] = parent.url  # the request's Referer (spider.request_for)
+            if (changefreq := self._listed_changefreq.get(fp)) is not None:
+                record.extra[CHANGEFREQ_KEY] = changefreq
             self.schedule.set_discovered(record, now)
             if (listed := self._listed_new.get(fp)) is not None:
                 # The date its sitemap showed before its first fetch: a date
@@ -1535,6 +1556,7 @@ class FrontierScheduler(BaseScheduler):
         inserted, claimed = await self._call(insert)
         for fp in batch:
             self._listed_new.pop(fp, None)
+            self._listed_changefreq.pop(fp, None)
         self._stored()
         if (refit := self._grown(len(inserted))) is not None:
             await refit  # the pages just found are priced by it when fetched

@@ -2,7 +2,8 @@
 
 A site that publishes sitemaps (named in robots.txt's ``Sitemap:`` lines or
 in the site config's ``sitemaps``) says which pages it has and, with
-``<lastmod>``, when each last changed. Parsing is Scrapy's own
+``<lastmod>``, when each last changed (and, with ``<changefreq>``, what
+kind of page it takes each for). Parsing is Scrapy's own
 (:class:`scrapy.utils.sitemap.Sitemap`, :func:`~scrapy.utils.gz.gunzip`),
 as its SitemapSpider does; what the frontier makes of the entries is
 :meth:`vertical.scheduler.FrontierScheduler.sitemap_entries`.
@@ -39,7 +40,7 @@ from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
 from vertical.config import host_allowed
 from vertical.extract import link_followed
-from vertical.policies.estimate import parse_http_date, plausible
+from vertical.policies.estimate import CHANGEFREQS, parse_http_date, plausible
 
 if TYPE_CHECKING:
     from scrapy.http import Response
@@ -51,8 +52,8 @@ __all__ = ["META_SITEMAP", "ROBOTS_SITEMAPS_KEY", "SITEMAP_MAX_ENTRIES", "SITEMA
            "read_text", "reading_done", "reading_key", "reading_lease", "readings", "robots_named",
            "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
 
-#: (absolute URL, lastmod as a UNIX timestamp or None)
-SitemapEntry = tuple[str, float | None]
+#: (absolute URL, lastmod as a UNIX timestamp or None, changefreq or None)
+SitemapEntry = tuple[str, float | None, str | None]
 
 #: How large the sitemaps protocol lets a sitemap be, uncompressed (sitemaps.org:
 #: 50,000 URLs and 50 MB), whatever the crawl's DOWNLOAD_MAXSIZE for pages.
@@ -144,7 +145,7 @@ def read_sitemap(body: bytes, base_url: str,
     if _plain_text(body):
         entries = read_text(body, limit)
         # Not one URL: an error page, a JSON answer.
-        return ("text", entries) if any(url for url, _ in entries) else ("", [])
+        return ("text", entries) if any(url for url, *_ in entries) else ("", [])
     try:
         sitemap = Sitemap(body)
     except Exception:  # lxml's XMLSyntaxError and friends: not a sitemap
@@ -157,7 +158,8 @@ def read_sitemap(body: bytes, base_url: str,
     # Scrapy's Sitemap parses as it is read: past the limit, nothing is.
     # An entry without a <loc>, or one that is no URL, is "" for the caller
     # to count, as a text sitemap's line.
-    entries = (((e.get("loc") and _absolute(base_url, e["loc"])) or "", _date(e.get("lastmod"))) for e in sitemap)
+    entries = (((e.get("loc") and _absolute(base_url, e["loc"])) or "", _date(e.get("lastmod")),
+                _changefreq(e.get("changefreq"))) for e in sitemap)
     return sitemap.type, list(islice(entries, limit + 1))
 
 
@@ -176,7 +178,7 @@ def read_text(body: bytes, limit: int = SITEMAP_MAX_ENTRIES) -> list[SitemapEntr
             url = line.decode("utf-8")
         except UnicodeDecodeError:
             url = ""
-        entries.append((url if _full_url(url) else "", None))
+        entries.append((url if _full_url(url) else "", None, None))
         if len(entries) > limit:
             break
     return entries
@@ -275,6 +277,13 @@ def _date(value: str | None) -> float | None:
     return plausible(w3c) if w3c is not None else parse_http_date(value)
 
 
+def _changefreq(value: str | None) -> str | None:
+    """A ``<changefreq>`` as sitemaps.org spells it, in any case; None for
+    anything else (a number of days, a typo): no value is no feature."""
+    said = (value or "").strip().lower()
+    return said if said in CHANGEFREQS else None
+
+
 def _atom_entry(item: etree._Element, ns: str, base_url: str) -> SitemapEntry | None:
     for link in item.iterchildren(f"{{{ns}}}link"):
         if link.get("rel", "alternate") == "alternate" and (href := link.get("href", "").strip()):
@@ -282,7 +291,7 @@ def _atom_entry(item: etree._Element, ns: str, base_url: str) -> SitemapEntry | 
                 return None
             # Atom 1.0's updated and published, Atom 0.3's modified and issued.
             dates = (f"{{{ns}}}{tag}" for tag in ("updated", "modified", "published", "issued"))
-            return url, _date(_text(item, *dates))
+            return url, _date(_text(item, *dates)), None
     return None
 
 
@@ -297,7 +306,7 @@ def _rss_entry(item: etree._Element, base_url: str) -> SitemapEntry | None:
         return None
     dates = (f"{{{_ATOMS[0]}}}updated", f"{{{_DCTERMS}}}modified", "pubDate", f"{{{_DC}}}date",
              f"{{{_DCTERMS}}}issued")
-    return url, _date(_text(item, *dates))
+    return url, _date(_text(item, *dates)), None
 
 
 #: ``<link rel="alternate">`` to a feed, in a page's head (RSS and Atom

@@ -6,7 +6,8 @@ schedules were not tuned on, one by one, with fixed seeds.
     python benchmarks/freshness/family.py rerun LABEL[,LABEL] [NAME ...]
                                                            # run again only these policies, merged in
     python benchmarks/freshness/family.py table            # gap closed, from the results
-                                                           # (and sections.md: the section priors)
+                                                           # (and sections.md, changefreq.md: the priors
+                                                           # from URL sections and sitemap changefreq)
 
 Every scenario keeps the crawler's default site config (refetch: initial 1 day,
 min 1 hour, max 30 days) and budgets from 0.02 to 1 fetch per page per day.
@@ -44,6 +45,8 @@ POLICIES = [
 LASTMOD_POLICIES = ["uniform", POLICIES[3], POLICIES[4], "oracle"]
 
 LOGNORMAL = {"dist": "lognormal", "median_days": 7, "sigma": 2.0}
+PARETO = {"dist": "pareto", "min_days": 1, "alpha": 1.0}
+WEIBULL_05 = {"dist": "weibull", "shape": 0.5, "scale_days": 7}
 NO_NEW = {"count": 0, "new_pages_per_day": 0}
 
 
@@ -76,19 +79,46 @@ def section_scenarios() -> dict[str, dict]:
     return out
 
 
+#: Sitemap changefreq (issue 16): the optimal schedule that ignores it
+#: (``families: 0``: these URLs have no section, so it pools nothing) and the
+#: default, which pools the pages of one value and learns what it is worth.
+CHANGEFREQ_POLICIES = [
+    "uniform",
+    {"label": "ignored", "schedule": "optimal", "priority": "due", "schedule_params": {"families": 0}},
+    {"label": "learned", "schedule": "optimal", "priority": "due"},
+    "oracle",
+]
+
+
+def changefreq_scenarios() -> dict[str, dict]:
+    """The issue's site (log-normal, 40% static; 1,000 pages) with every page
+    in a sitemap whose changefreq is the value nearest its change interval
+    (``true``), that value for half of them and one at random for the rest
+    (``noisy``), or at random for all (``random``: it tells nothing)."""
+    out = {f"changefreq-{tag}": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW,
+                                     changefreq={"share": 1.0, "noise": noise}, seeds=[11, 12, 13],
+                                     policies=CHANGEFREQ_POLICIES)
+           for tag, noise in (("true", 0.0), ("noisy", 0.5), ("random", 1.0))}
+    # Two sites of the family whose cells at 0.05 stay below 90% without a
+    # signal, their changefreq noisy.
+    for name, d in (("pareto1.0-s40", {"static_share": 0.4, "change_interval": PARETO}),
+                    ("weibull0.5-s0", {"static_share": 0.0, "change_interval": WEIBULL_05})):
+        out[f"changefreq-noisy-{name}"] = dict(pages=1000, **d, hubs=NO_NEW, changefreq={"share": 1.0, "noise": 0.5},
+                                               seeds=[11, 12, 13], policies=CHANGEFREQ_POLICIES)
+    return out
+
+
 def scenarios() -> dict[str, dict]:
     fam = {
         # The issue's: a few thousand pages, heavy tail, many static pages, closed.
         "lognormal-s40": dict(pages=3000, static_share=0.4, change_interval=LOGNORMAL, hubs=NO_NEW, seeds=[11, 12]),
         "lognormal-s40-new": dict(pages=1000, static_share=0.4, change_interval=LOGNORMAL, hubs=_new(1000)),
-        "weibull0.5-s0": dict(pages=1000, static_share=0.0,
-                              change_interval={"dist": "weibull", "shape": 0.5, "scale_days": 7}, hubs=NO_NEW),
+        "weibull0.5-s0": dict(pages=1000, static_share=0.0, change_interval=WEIBULL_05, hubs=NO_NEW),
         "weibull1.0-s20-new": dict(pages=1000, static_share=0.2,
                                    change_interval={"dist": "weibull", "shape": 1.0, "scale_days": 7}, hubs=_new(1000)),
         "weibull1.5-s60": dict(pages=1000, static_share=0.6,
                                change_interval={"dist": "weibull", "shape": 1.5, "scale_days": 7}, hubs=NO_NEW),
-        "pareto1.0-s40": dict(pages=1000, static_share=0.4,
-                              change_interval={"dist": "pareto", "min_days": 1, "alpha": 1.0}, hubs=NO_NEW),
+        "pareto1.0-s40": dict(pages=1000, static_share=0.4, change_interval=PARETO, hubs=NO_NEW),
         # 10^4 pages: the small budgets only, one seed (the machine is shared).
         "lognormal-s60-new-1e4": dict(pages=10000, static_share=0.6, change_interval=LOGNORMAL, hubs=_new(10000),
                                       seeds=[11], budgets=[0.02, 0.05], policies=LASTMOD_POLICIES),
@@ -147,6 +177,7 @@ def scenarios() -> dict[str, dict]:
                                             "schedule_params": {"per_host": False}}, POLICIES[4], "oracle"]),
     }
     fam.update(section_scenarios())
+    fam.update(changefreq_scenarios())
     out = {}
     for name, d in fam.items():
         out[name] = {
@@ -165,6 +196,7 @@ def scenarios() -> dict[str, dict]:
             **({"lastmod": d["lastmod"]} if "lastmod" in d else {}),
             **({"hosts": d["hosts"]} if "hosts" in d else {}),
             **({"sections": d["sections"]} if "sections" in d else {}),
+            **({"changefreq": d["changefreq"]} if "changefreq" in d else {}),
         }
     return out
 
@@ -214,8 +246,8 @@ def gap_table() -> str:
             " host ceiling afterwards |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in scenarios():
-        if name in section_scenarios():
-            continue  # their own table: section_table()
+        if name in section_scenarios() or name in changefreq_scenarios():
+            continue  # their own tables: section_table(), changefreq_table()
         path = DIR / name / "results.json"
         if not path.exists():
             continue
@@ -259,6 +291,18 @@ def section_table(names: list[str] | None = None) -> str:
     return "\n".join(rows) + "\n"
 
 
+def changefreq_table() -> str:
+    """Gap closed by the optimal schedule ignoring and learning a sitemap's changefreq."""
+    rows = ["| scenario | budget | uniform | oracle | changefreq ignored | changefreq learned |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for name in changefreq_scenarios():
+        for b, f in (_results(name) or {}).items():
+            u, o = f["uniform"], f["oracle"]
+            cells = [f"{f[p]:.4f} ({100 * (f[p] - u) / (o - u):.0f}%)" for p in ("ignored", "learned")]
+            rows.append(f"| {name} | {b:g} | {u:.4f} | {o:.4f} | {cells[0]} | {cells[1]} |")
+    return "\n".join(rows) + "\n"
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else "table"
     if cmd == "write":
@@ -273,4 +317,7 @@ if __name__ == "__main__":
         print(table)
         table = section_table()
         (DIR / "sections.md").write_text(table, encoding="utf-8")
+        print(table)
+        table = changefreq_table()
+        (DIR / "changefreq.md").write_text(table, encoding="utf-8")
         print(table)

@@ -62,6 +62,8 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "CHANGED_BINS_KEY",
+    "CHANGEFREQS",
+    "CHANGEFREQ_KEY",
     "COUNTS_KEY",
     "LISTED_KEY",
     "PROBE_BINS_KEY",
@@ -83,6 +85,7 @@ __all__ = [
     "parse_http_date",
     "plausible",
     "url_section",
+    "page_family",
     "naive_rate",
     "observe",
 ]
@@ -118,6 +121,12 @@ PROBE_KEY = "prb"
 LISTED_KEY = "sml"
 #: Set in ``record.extra`` when a page's Last-Modified proved meaningless.
 MODIFIED_BAD_KEY = "lmx"
+#: Key of ``record.extra`` holding the ``<changefreq>`` its sitemap gives
+#: the page, one of :data:`CHANGEFREQS`: a feature to pool pages by, not a
+#: rate to trust (see :func:`page_family`).
+CHANGEFREQ_KEY = "smf"
+#: The values of a sitemap's ``<changefreq>`` (sitemaps.org).
+CHANGEFREQS = ("always", "hourly", "daily", "weekly", "monthly", "yearly", "never")
 #: Seconds: a Last-Modified closer than this to the response says nothing.
 RENDERED = 60.0
 #: No page changed before the web was in use (1991): an earlier Last-Modified
@@ -542,6 +551,26 @@ def url_section(url: str, depth: int = 2) -> str | None:
         return None
     path = "/".join("#" if _DIGIT.search(seg) else seg.lower() for seg in dirs)
     return f"{parts.netloc.lower()}/{path}{'?' if parts.query else ''}"
+
+
+def page_family(url: str, extra: Mapping[str, Any], depth: int = 2) -> tuple[str | None, str | None]:
+    """The families a page's change rate is pooled in: its URL section
+    (:func:`url_section`) and, where its sitemap gives one, its section's
+    pages of the same ``<changefreq>`` (``"example.com/news/# daily"``, or
+    ``"daily"`` for a page in no directory), else None.
+
+    A changefreq is what the site says of a page's kind, not of its rate:
+    sitemap generators give one value to every page of a type, often the
+    same to all, and seldom a true one. So it is not taken at its word, as
+    Nutch's ``SitemapProcessor`` takes it for the fetch interval: its pages
+    are a family whose distribution is learned from their visits, as a
+    section's, and a value that tells nothing pools them with their section.
+    """
+    section = url_section(url, depth)
+    said = extra.get(CHANGEFREQ_KEY)
+    if said not in CHANGEFREQS:
+        return section, None
+    return section, f"{section} {said}" if section is not None else str(said)
 
 
 _FLOOR = 1e-9  # the least weight of a rate

@@ -41,8 +41,8 @@ from vertical.policies.estimate import (
     observe_listed,
     observe_modified,
     observe_probe,
+    page_family,
     parse_http_date,
-    url_section,
 )
 from vertical.policies.oracle import (
     bayes_interval,
@@ -191,7 +191,11 @@ class OptimalSchedule(FetchSchedule):
       ``family_weight`` pseudo-pages, and a page's posterior starts from
       its section's (:meth:`prior`). A page visited once in 50 days says
       little, the fifty pages of its section say more. Pages in no
-      directory, or in a smaller section, start from the site's.
+      directory, or in a smaller section, start from the site's. Where a
+      sitemap gives pages a ``<changefreq>``, a section's pages of one
+      value are a family of their own, shrunk toward the section's
+      (:func:`~vertical.policies.estimate.page_family`): what the value
+      is worth is learned from their visits, not taken on trust.
     * Without it (and always for the announcing pages, below) the rate is
       :func:`~vertical.policies.estimate.cho_irregular` of the counts plus
       ``prior_weight`` pseudo-visits ``prior_interval`` apart (default: the
@@ -336,17 +340,18 @@ class OptimalSchedule(FetchSchedule):
         #: a sitemap's lastmods are learned from too (see :meth:`learn`).
         self._visited: RateDistribution | None = None
         self._visited_rng = random.Random(0)
-        #: At most this many sections keep a distribution of their own (0: none).
+        #: At most this many families keep a distribution of their own (0: none).
         self.families = int(families) if population else 0
         self.family_depth = int(family_depth)
         self.family_weight = float(family_weight)
         self.family_sample = int(family_sample)
-        #: Section -> the distribution its pages start from (see :meth:`prior`).
+        #: Family (section, or its pages of one changefreq) -> the
+        #: distribution its pages start from (see :meth:`prior`).
         self.family_priors: dict[str, RateDistribution] = {}
-        #: Section -> its pages at the last :meth:`learn` (which sections to keep).
+        #: Family -> its pages at the last :meth:`learn` (which families to keep).
         self.family_pages: dict[str, int] = {}
         # Share of the pages still at their prior (visited at most once) per
-        # section kept, None for the rest: what set_budget prices them at.
+        # family kept, None for the rest: what set_budget prices them at.
         self._at_prior: dict[str | None, float] = {}
         self._family_rng = random.Random(1)  # its own: the site's fit samples as it did without sections
 
@@ -372,13 +377,20 @@ class OptimalSchedule(FetchSchedule):
         return prior.mean(self.posterior(record, prior))
 
     def prior(self, record: URLRecord) -> RateDistribution:
-        """The distribution ``record``'s posterior starts from: its URL
-        section's when one was learned, else the site's."""
+        """The distribution ``record``'s posterior starts from: that of its
+        section's pages of its changefreq when one was learned, else its
+        URL section's, else the site's."""
         if self.family_priors:
-            key = url_section(record.url, self.family_depth)
-            if key is not None and (dist := self.family_priors.get(key)) is not None:
-                return dist
+            key = self._prior_key(*page_family(record.url, record.extra, self.family_depth))
+            if key is not None:
+                return self.family_priors[key]
         return self.population
+
+    def _prior_key(self, section: str | None, own: str | None) -> str | None:
+        """The family of :meth:`prior`: the closest one learned, None for the site."""
+        if own is not None and own in self.family_priors:
+            return own
+        return section if section is not None and section in self.family_priors else None
 
     def learn(self, records: Iterable[URLRecord], iterations: int = 1, sample: int = 1000) -> int:
         """Fit the site's distribution of change rates to the counts of (a
@@ -402,29 +414,39 @@ class OptimalSchedule(FetchSchedule):
         return used
 
     def _learn_families(self, docs: Sequence[URLRecord], iterations: int) -> None:
-        """Fit the largest sections' distributions (see ``families``), each
-        from its own pages and shrunk toward the site's."""
-        pages: Counter[str | None] = Counter()
-        at_prior: Counter[str | None] = Counter()
+        """Fit the largest families' distributions (see ``families``): each
+        section's from its own pages shrunk toward the site's, then each
+        changefreq's of a section shrunk toward that section's (or the
+        site's, when the section has none)."""
+        pages: Counter[str] = Counter()
+        at_prior: Counter[tuple[str | None, str | None]] = Counter()
         groups: dict[str, list[Any]] = {}
+        parent: dict[str, str | None] = {}
         for r in docs:
-            key = url_section(r.url, self.family_depth)
-            pages[key] += 1
+            section, own = page_family(r.url, r.extra, self.family_depth)
             if r.visits < 2:
-                at_prior[key] += 1
-            if key is not None:
-                groups.setdefault(key, []).append(self._history(r))
-        # Bounded: the sections with most pages (in this sample, else as last
+                at_prior[section, own] += 1
+            h = self._history(r)
+            for key in (section, own):
+                if key is not None:
+                    pages[key] += 1
+                    groups.setdefault(key, []).append(h)
+            if own is not None:
+                parent[own] = section
+        # Bounded: the families with most pages (in this sample, else as last
         # stored; by name on ties, so the same runs keep the same ones).
-        ranked = {**self.family_pages, **{k: n for k, n in pages.items() if k is not None}}
+        ranked = {**self.family_pages, **pages}
         kept = sorted(ranked, key=lambda k: (-ranked[k], k))[: self.families]
         site = self.population.weights
         priors: dict[str, RateDistribution] = {}
-        for key in kept:
-            dist = self.family_priors.get(key) or self.population.like()
-            dist.static_age = self.population.static_age  # the site's history, not the section's
+        # Sections first: a changefreq's family is shrunk toward its section's.
+        for key in sorted(kept, key=lambda k: k in parent):
+            section = parent.get(key)
+            up = priors.get(section) if section is not None else None
+            dist = self.family_priors.get(key) or (up or self.population).like()
+            dist.static_age = self.population.static_age  # the site's history, not the family's
             if dist.fit(groups.get(key, ()), iterations, self.family_sample, self._family_rng,
-                        toward=site, strength=self.family_weight):
+                        toward=up.weights if up is not None else site, strength=self.family_weight):
                 priors[key] = dist
             elif key in self.family_priors:
                 priors[key] = dist  # nothing new here: as learned before
@@ -433,8 +455,8 @@ class OptimalSchedule(FetchSchedule):
         total = sum(at_prior.values())
         self._at_prior = {}
         if total:
-            for key, n in at_prior.items():
-                key = key if key in priors else None
+            for (section, own), n in at_prior.items():
+                key = self._prior_key(section, own)
                 self._at_prior[key] = self._at_prior.get(key, 0.0) + n / total
 
     def delay_for_rate(self, rate: float, mu: float | None = None) -> float:
@@ -496,7 +518,7 @@ class OptimalSchedule(FetchSchedule):
             # mean that the unmeasurable fast tail can make anything).
             population = self.population
             if self.family_priors and self._at_prior:
-                # Each section's pages at its own prior's interval.
+                # Each family's pages at its own prior's interval.
                 mix = [(share, (self.family_priors[key] if key is not None else population).weights)
                        for key, share in self._at_prior.items()]
 

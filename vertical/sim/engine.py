@@ -29,6 +29,7 @@ import numpy as np
 
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.base import FetchSchedule, PriorityPolicy
+from vertical.policies.estimate import CHANGEFREQ_KEY, CHANGEFREQS
 from vertical.policies.oracle import OracleSchedule, optimal_frequency, solve_mu, solve_mu_hosts
 from vertical.record import URLRecord
 from vertical.sim.scenario import Scenario
@@ -266,8 +267,13 @@ def simulate(
     last_budget = 0.0
     mean_cost = float(np.mean(cost_arr[n_hubs:])) if cost_arr is not None else 1.0
 
+    changefreq = site.changefreq if not oracle else None
+
     def discover(i: int, parent: URLRecord | None, now_s: float) -> URLRecord:
         rec = URLRecord(url=site.url(i), fingerprint=i, site="sim", host=host_names[i], level=level[i])
+        if changefreq is not None and changefreq[i] >= 0:
+            # Read with the sitemap that lists it, as the crawler's discovery.
+            rec.extra[CHANGEFREQ_KEY] = CHANGEFREQS[changefreq[i]]
         schedule.set_discovered(rec, now_s)
         priority.on_discovered(rec, parent)
         recs[i] = rec

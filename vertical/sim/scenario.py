@@ -10,6 +10,7 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     lastmod: {share: 0.5, lag_days: 0, bogus_share: 0}  # pages sending Last-Modified (see below)
     hosts: [{share: 0.6, delay_s: 180}, {share: 0.4, delay_s: 10}]   # one site, several hosts (see below)
     sections: {count: 20, strength: 0.8}   # URL sections whose pages change alike (see below)
+    changefreq: {share: 1.0, noise: 0.3}   # pages a sitemap gives a <changefreq> (see below)
     sizes: {dist: pareto, min_bytes: 2000, alpha: 1.5}
     hubs: {count: 5, list_length: 20, new_pages_per_day: 50}        # 0 new pages: a closed site
     budget: {fetches_per_page_per_day: [0.05, 0.2, 1.0]}           # or {seconds_per_day: [..], cost: {a: .., b: ..}}
@@ -66,6 +67,13 @@ nothing, 1 a section whose pages all change at one rate (or are all
 static). Each section thus has its own median rate and static share.
 Without it (``count: 0``) the URLs are ``sim:<n>`` and the site is drawn
 as before.
+
+``changefreq``: a ``share`` of the documents are listed in a sitemap with a
+``<changefreq>``, the value nearest their mean change interval on a log
+scale (``hourly`` to ``yearly``; ``never`` for a static page), or for a
+``noise`` share of them any of the seven values at random. The schedule
+learns it when the page is discovered, as the crawler does from the
+sitemap that lists it. The rest of the site is drawn as without it.
 """
 
 from __future__ import annotations
@@ -125,6 +133,8 @@ class Scenario:
     hosts_politeness: tuple[tuple[float, float], ...] = ()
     #: URL sections: ``count`` (0: none) and ``strength`` of the section -> rate link.
     sections: Mapping[str, float] = field(default_factory=lambda: {"count": 0, "strength": 0.0})
+    #: Pages with a sitemap ``<changefreq>``: ``share`` of the documents, ``noise`` of them at random.
+    changefreq: Mapping[str, float] = field(default_factory=lambda: {"share": 0.0, "noise": 0.0})
     #: Policies given as mappings: label -> {schedule, priority, schedule_params, priority_params}.
     custom_policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -150,6 +160,7 @@ class Scenario:
             "lastmod": dict(self.lastmod),
             "hosts": [{"share": a, "delay_s": b} for a, b in self.hosts_politeness],
             "sections": dict(self.sections),
+            "changefreq": dict(self.changefreq),
             "custom_policies": {k: dict(v) for k, v in self.custom_policies.items()},
         }
 
@@ -157,6 +168,7 @@ class Scenario:
 _KEYS = {
     "pages", "static_share", "change_interval", "sizes", "hubs", "budget", "horizon_days", "warmup_days",
     "seeds", "policies", "refetch", "scent_delta_s", "tick_minutes", "lastmod", "hosts", "sections",
+    "changefreq",
 }
 
 
@@ -354,6 +366,10 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
         sec = _mapping(data["sections"], "sections", {"count", "strength"})
         kw["sections"] = {"count": _whole(sec.get("count", 0), "sections.count", low=0),
                           "strength": _number(sec.get("strength", 0.0), "sections.strength", low=0, high=1)}
+    if "changefreq" in data:
+        cf = _mapping(data["changefreq"], "changefreq", {"share", "noise"})
+        kw["changefreq"] = {"share": _number(cf.get("share", 1.0), "changefreq.share", low=0, high=1),
+                            "noise": _number(cf.get("noise", 0.0), "changefreq.noise", low=0, high=1)}
     _check_policies(kw.get("custom_policies", {}), kw.get("refetch", d.refetch))
     return Scenario(**kw)
 

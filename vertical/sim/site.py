@@ -15,6 +15,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from vertical.policies.estimate import CHANGEFREQS
 from vertical.sim.scenario import Scenario, ScenarioError
 
 #: The most changes a site may have (each takes 24 bytes as it is built): a
@@ -63,6 +64,10 @@ class Site:
     host: np.ndarray | None = None
     #: Per page: its URL section (an index; -1 for hubs), with scenario ``sections``.
     section: np.ndarray | None = None
+    #: Per page: its sitemap ``<changefreq>`` (an index into
+    #: :data:`~vertical.policies.estimate.CHANGEFREQS`; -1 for none), with
+    #: scenario ``changefreq``.
+    changefreq: np.ndarray | None = None
 
     def url(self, i: int) -> str:
         """Page ``i``'s URL: its section in the path when the site has sections."""
@@ -150,6 +155,26 @@ def _sizes(rng: np.random.Generator, n: int, scn: Scenario) -> np.ndarray:
     return scn.sizes["min_bytes"] * (1.0 + rng.pareto(scn.sizes["alpha"], n))
 
 
+#: The mean change intervals (days) hourly, daily, weekly, monthly and
+#: yearly say, and the cuts between one and the next (geometric means).
+_CHANGEFREQ_DAYS = np.array([1 / 24, 1.0, 7.0, 30.0, 365.0])
+_CHANGEFREQ_CUTS = np.sqrt(_CHANGEFREQ_DAYS[:-1] * _CHANGEFREQ_DAYS[1:])
+
+
+def _changefreqs(rng: np.random.Generator, rate: np.ndarray, n_hubs: int, scn: Scenario) -> np.ndarray:
+    """Each document's ``<changefreq>`` (see the scenario's ``changefreq``),
+    an index into ``CHANGEFREQS``: the nearest to its mean change interval,
+    or at random for the ``noise`` share; -1 for the unlisted and the hubs."""
+    n_docs = len(rate) - n_hubs
+    docs = rate[n_hubs:]
+    interval = 1.0 / np.where(docs > 0, docs, 1.0)
+    said = np.where(docs > 0, 1 + np.searchsorted(_CHANGEFREQ_CUTS, interval), len(CHANGEFREQS) - 1)
+    said = np.where(rng.random(n_docs) < scn.changefreq["noise"], rng.integers(0, len(CHANGEFREQS), n_docs), said)
+    out = np.full(len(rate), -1, dtype=np.int64)
+    out[n_hubs:] = np.where(rng.random(n_docs) < scn.changefreq["share"], said, -1)
+    return out
+
+
 def make_site(scn: Scenario, seed: int) -> Site:
     """Draw the site for ``seed``: the same seed gives the same events."""
     rng = np.random.default_rng(seed)
@@ -229,6 +254,9 @@ def make_site(scn: Scenario, seed: int) -> Site:
             step = lm["lag_days"]
             lag = times - np.floor(times / step) * step
             born_modified = np.floor(born_modified / step) * step
+    changefreq = None
+    if scn.changefreq["share"] > 0:
+        changefreq = _changefreqs(np.random.default_rng([seed, 4]), rate, n_hubs, scn)
     host = None
     if scn.hosts_politeness:
         shares = np.array([a for a, _ in scn.hosts_politeness])
@@ -254,4 +282,5 @@ def make_site(scn: Scenario, seed: int) -> Site:
         lag=lag,
         host=host,
         section=section,
+        changefreq=changefreq,
     )
