@@ -294,10 +294,9 @@ def test_sections_give_pages_a_url_and_rates_that_follow_it():
         parse_scenario({**base, "sections": {"count": 10, "strength": 2}})
 
 
-def test_the_optimal_schedule_learns_the_sections_of_a_simulated_site(monkeypatch):
-    scn = parse_scenario({**SMALL, "hubs": {"count": 0, "new_pages_per_day": 0}, "horizon_days": 30,
-                          "sections": {"count": 4, "strength": 1.0}})
-    site = make_site(scn, 1)
+def _optimal_schedules(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The optimal schedules the simulator builds from now on, as built."""
+    import vertical.policies as policies
     from vertical.policies import refetch
 
     built = []
@@ -307,9 +306,15 @@ def test_the_optimal_schedule_learns_the_sections_of_a_simulated_site(monkeypatc
             super().__init__(*args, **kw)
             built.append(self)
 
-    import vertical.policies as policies
-
     monkeypatch.setitem(policies.SCHEDULES, "optimal", Spy)
+    return built
+
+
+def test_the_optimal_schedule_learns_the_sections_of_a_simulated_site(monkeypatch):
+    scn = parse_scenario({**SMALL, "hubs": {"count": 0, "new_pages_per_day": 0}, "horizon_days": 30,
+                          "sections": {"count": 4, "strength": 1.0}})
+    site = make_site(scn, 1)
+    built = _optimal_schedules(monkeypatch)
     simulate(site, PolicySpec("optimal", "optimal", "due"), 0.5, scn)
     schedule = built[0]
     assert set(schedule.family_priors) == {f"sim/{section_name(s)}" for s in range(4)}
@@ -339,18 +344,7 @@ def test_a_simulated_sitemaps_changefreq_is_the_value_nearest_each_pages_interva
     with pytest.raises(ScenarioError, match="changefreq.noise"):
         parse_scenario({**base, "changefreq": {"noise": 2}})
     # The optimal schedule learns a family of each value from the pages' visits.
-    from vertical.policies import refetch
-
-    built = []
-
-    class Spy(refetch.OptimalSchedule):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            built.append(self)
-
-    import vertical.policies as policies
-
-    monkeypatch.setitem(policies.SCHEDULES, "optimal", Spy)
+    built = _optimal_schedules(monkeypatch)
     scn = parse_scenario({**base, "pages": 1000, "changefreq": {"share": 1.0}})
     simulate(make_site(scn, 1), PolicySpec("optimal", "optimal", "due"), 0.5, scn)
     priors = built[0].family_priors
