@@ -570,7 +570,7 @@ def page_family(url: str, extra: Mapping[str, Any], depth: int = 2) -> tuple[str
     said = extra.get(CHANGEFREQ_KEY)
     if said not in CHANGEFREQS:
         return section, None
-    return section, f"{section} {said}" if section is not None else str(said)
+    return section, f"{section} {said}" if section is not None else said
 
 
 _FLOOR = 1e-9  # the least weight of a rate

@@ -156,7 +156,8 @@ def _sizes(rng: np.random.Generator, n: int, scn: Scenario) -> np.ndarray:
 
 
 #: The mean change intervals (days) hourly, daily, weekly, monthly and
-#: yearly say, and the cuts between one and the next (geometric means).
+#: yearly say (``CHANGEFREQS[1:6]``), and the cuts between one and the next
+#: (geometric means).
 _CHANGEFREQ_DAYS = np.array([1 / 24, 1.0, 7.0, 30.0, 365.0])
 _CHANGEFREQ_CUTS = np.sqrt(_CHANGEFREQ_DAYS[:-1] * _CHANGEFREQ_DAYS[1:])
 
