@@ -883,10 +883,12 @@ def test_a_pages_changefreq_is_noted_for_the_schedule_and_kept_through_its_fetch
     with serving(SmallSite(pages)) as server:
         site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"],
                           refetch={"initial": "1h", "min": "1h"})
-        crawl(site, frontier_uri, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
+        first = crawl(site, frontier_uri, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
         with open_frontier(frontier_uri) as frontier:
             said = {urlsplit(r.url).path: r.extra.get(CHANGEFREQ_KEY) for r in frontier.iter_records("news")}
         assert said == {"/": None, "/news/a": "daily", "/news/b": "monthly", "/news/c": None}
+        # No lastmod: nothing counted as moved, as without a changefreq.
+        assert "vertical/sitemap/lastmod_moved" not in first.stats
         pages["/s.xml"] = (200, urlset([("/news/a", "hourly"), ("/news/b", "monthly"), ("/news/c", "never")]))
         server.log.clear()
         crawl(site, frontier_uri, tmp_path, tag="2",

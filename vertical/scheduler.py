@@ -812,6 +812,8 @@ class FrontierScheduler(BaseScheduler):
         since = previous if previous is not None and not generated(previous, now) else None
 
         def worth(known: list[URLRecord]) -> Deferred[int] | int:
+            if not lastmods:
+                return 0  # only changefreqs: nothing to bring forward, nothing to count
             dated = {r.fingerprint: moved_since(r.extra, lastmods[r.fingerprint], r.fetch_time, since)
                      for r in known}
             # The schedule's state lives on the reactor: decide here.
