@@ -771,12 +771,11 @@ class FrontierScheduler(BaseScheduler):
         said: dict[int, str] = {}
         now = self.now()
         for url, lastmod, changefreq in entries:
+            fp = fingerprint(url)
             if changefreq is not None:
-                fp = fingerprint(url)
                 said[fp] = self._listed_changefreq[fp] = changefreq
             if lastmod is not None and lastmod <= now:
                 # A URL listed twice: its latest date, whatever the order.
-                fp = fingerprint(url)
                 lastmods[fp] = max(lastmod, lastmods.get(fp, lastmod))
                 if (pending := self._listed_new.get(fp)) is None or pending[0] < lastmods[fp]:
                     self._listed_new[fp] = (lastmods[fp], now)  # until the batch it joins is stored

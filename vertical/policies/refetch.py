@@ -426,11 +426,13 @@ class OptimalSchedule(FetchSchedule):
             section, own = page_family(r.url, r.extra, self.family_depth)
             if r.visits < 2:
                 at_prior[section, own] += 1
+            keys = [key for key in (section, own) if key is not None]
+            if not keys:
+                continue  # pooled with the site alone: no history to gather
             h = self._history(r)
-            for key in (section, own):
-                if key is not None:
-                    pages[key] += 1
-                    groups.setdefault(key, []).append(h)
+            for key in keys:
+                pages[key] += 1
+                groups.setdefault(key, []).append(h)
             if own is not None:
                 parent[own] = section
         # Bounded: the families with most pages (in this sample, else as last
