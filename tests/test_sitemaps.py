@@ -36,11 +36,21 @@ from vertical.demo.site import DemoSite, step_date
 from vertical.frontier import open_frontier
 from vertical.policies.estimate import CHANGEFREQ_KEY, LISTED_KEY
 from vertical.policies.refetch import TRUST_AFTER
-from vertical.sitemaps import granted, lastmod_time, read_sitemap, reading_done, sitemap_body, take_reading
+from vertical.sitemaps import (
+    granted,
+    lastmod_time,
+    read_sitemap,
+    reading_done,
+    robots_sitemaps,
+    sitemap_body,
+    take_reading,
+)
 
 DAY = 86400.0
 BASE = "http://127.0.0.1:8000"
 FEEDS = Path(__file__).parent / "data" / "feeds"
+#: crawler-commons' test sitemaps and robots.txt files (its README says whence).
+CRAWLER_COMMONS = Path(__file__).parent / "data" / "sitemaps"
 
 
 def served(site: DemoSite, path: str) -> Response:
@@ -88,6 +98,108 @@ def test_lastmod_formats_and_bodies_that_are_no_sitemap():
               b"</urlset>")
     assert read_sitemap(urlset, BASE) == ("urlset", [
         (BASE + "/a", datetime(2024, 1, 2, 9, tzinfo=UTC).timestamp(), None), (BASE + "/b", None, None)])
+
+
+@pytest.mark.parametrize(("name", "url", "kind", "count"), [
+    ("sitemaps_sitemap.index.xml", "http://www.example.com/sitemap.index.xml", "sitemapindex", 15),
+    ("sitemaps_sitemap.ns.xml", "http://www.example.com/sitemap.ns.xml", "urlset", 2),
+    ("sitemaps_sitemap.badns.xml", "http://www.example.com/sitemap.badns.xml", "urlset", 2),
+    ("sitemaps_sitemap.txt", "http://www.domain.com/sitemap.txt", "text", 2),
+    ("sitemaps_sitemap-with-bom.txt", "http://www.domain.com/sitemap.txt", "text", 2),
+    ("sitemaps_atom.xml", "http://example.org/atom.xml", "feed", 1),
+    ("sitemaps_extension_sitemap-images.xml", "http://www.example.com/sitemap-images.xml", "urlset", 1),
+    ("sitemaps_extension_sitemap-links.xml", "http://www.example.com/sitemap-links.xml", "urlset", 3),
+    ("sitemaps_extension_sitemap-news.xml", "http://www.example.org/sitemap-news.xml", "urlset", 2),
+    ("sitemaps_extension_sitemap-videos.xml", "http://www.example.com/sitemap-video.xml", "urlset", 3),
+    ("sitemaps_extension_sitemap-videos-tvshow.xml", "https://example.org/sitemap.xml", "urlset", 1),
+    ("sitemaps_extension_shinpaideshou-news-sitemap.xml", "https://shinpaideshou.wordpress.com/news-sitemap.xml",
+     "urlset", 3),
+    ("sitemaps_extension_hebdenbridgetimes-articles-sitemap.xml",
+     "http://www.hebdenbridgetimes.co.uk/sitemap-article-2015-18.xml", "urlset", 74),
+])
+def test_crawler_commons_sitemaps_list_what_its_tests_count(name, url, kind, count):
+    """crawler-commons' test sitemaps (the parser Nutch and StormCrawler
+    use), each read to the number of URLs its tests count: an index whose
+    ``<sitemap>`` holds its URL as text, a prefixed and a wrong namespace,
+    and the image, video, news and hreflang extensions, whose own ``<loc>``
+    (``image:loc``) is not a page."""
+    got, entries = read_sitemap((CRAWLER_COMMONS / name).read_bytes(), url)
+    assert (got, len(entries)) == (kind, count)
+    assert all(urlsplit(u).scheme in ("http", "https") for u, *_ in entries)
+    pages = {u: (lastmod, changefreq) for u, lastmod, changefreq in entries}
+    if name == "sitemaps_sitemap.index.xml":
+        assert "https://example.com/sitemap.jss?portalCode=10260&lang=en" in pages
+    elif name == "sitemaps_sitemap.ns.xml":
+        assert {changefreq for _, changefreq in pages.values()} == {"daily"}
+    elif name.startswith("sitemaps_extension_hebden"):
+        assert not any("webimage" in u for u in pages)  # its image:loc
+        article = "http://www.hebdenbridgetimes.co.uk/news/local/video-tour-de-yorkshire-in-calderdale-1-7242580"
+        assert pages[article] == (datetime(2015, 5, 3, 17, 51, 50, tzinfo=UTC).timestamp(), "daily")
+
+
+def test_broken_sitemaps_read_as_crawler_commons_reads_them():
+    """The cases of crawler-commons' ``SiteMapParserTest`` that Scrapy's
+    Sitemap read otherwise, losing URLs or mangling them."""
+    index = "http://www.example.com/sitemapindex.xml"
+    # testUnclosedSitemapIndexFile: <sitemap> left open, a loc takes the lastmod after it.
+    unclosed = (b"<?xml version='1.0' encoding='UTF-8'?>\n<sitemapindex>\n <sitemap>\n"
+                b"  <loc>https://www.example.org/sitemap1.xml</loc>\n  <lastmod>2004-10-01T18:23:17+00:00</lastmod>\n"
+                b"  <loc>https://www.example.org/sitemap2.xml</loc>\n  <loc>https://www.example.org/sitemap3.xml</loc>\n"
+                b"  <lastmod>2005-11-02T19:24:18+00:00</lastmod>\n </sitemap>\n</sitemapindex>")
+    assert read_sitemap(unclosed, index) == ("sitemapindex", [
+        ("https://www.example.org/sitemap1.xml", datetime(2004, 10, 1, 18, 23, 17, tzinfo=UTC).timestamp(), None),
+        ("https://www.example.org/sitemap2.xml", None, None),
+        ("https://www.example.org/sitemap3.xml", datetime(2005, 11, 2, 19, 24, 18, tzinfo=UTC).timestamp(), None)])
+    # testUrlLocUrl: a <url> inside the <loc>.
+    url_in_loc = (b'<?xml version="1.0" encoding="UTF-8"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                  b"<url><loc><url><![CDATA[http://jobs.example.com/DISPATCHER-Jobs-in-Vancouver-WA/2333221]]></url>"
+                  b"</loc><lastmod>2015-04-28</lastmod><changefreq>daily</changefreq></url></urlset>")
+    assert read_sitemap(url_in_loc, "http://www.example.com/subsection/sitemap.xml") == ("urlset", [
+        ("http://jobs.example.com/DISPATCHER-Jobs-in-Vancouver-WA/2333221",
+         datetime(2015, 4, 28, tzinfo=UTC).timestamp(), "daily")])
+    # testStripUnicodeWhiteSpace: CDATA and Unicode spaces around the URL.
+    spaced = ("<?xml version='1.0' encoding='UTF-8'?>\n<sitemapindex>\n <sitemap>\n  <loc>\n"
+              "   <![CDATA[ https://www.example.com/sitemap1.xml ]]>\n  </loc>\n </sitemap>\n <sitemap>\n  <loc>\n"
+              "   <![CDATA[\u00a0https://www.example.com/sitemap2.xml ]]> \u2000\n  </loc>\n </sitemap>\n"
+              "</sitemapindex>").encode()
+    assert [u for u, *_ in read_sitemap(spaced, index)[1]] == [
+        "https://www.example.com/sitemap1.xml", "https://www.example.com/sitemap2.xml"]
+    # testSitemapXMLleadingWhiteSpace, with a query of two parameters: a
+    # blank line before the declaration made libxml2's recovery drop "&amp;".
+    urlset = (b'<?xml version="1.0" encoding="UTF-8"?>\n<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+              b"<url><loc>http://www.example.com/catalog?item=12&amp;desc=vacation_hawaii</loc></url></urlset>")
+    for lead in (b"", b"\n", b"\n \t\r\n", b"\xef\xbb\xbf\n \t\r\n"):
+        assert read_sitemap(lead + urlset, index) == ("urlset", [
+            ("http://www.example.com/catalog?item=12&desc=vacation_hawaii", None, None)]), lead
+        response = Response("http://www.example.com/sitemap", body=lead + urlset,
+                            headers={"Content-Type": "application/octet-stream"})
+        assert sitemap_body(response) == lead + urlset, lead  # an XML declaration is a sitemap's
+    # Only the sitemap's own namespace: not an extension's <loc>, nor its
+    # <changefreq> after the sitemap's (Scrapy's Sitemap took the last).
+    other = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:o="http://other.example/ns">'
+             b"<url><o:loc>http://other.example/x</o:loc><loc>/a</loc><changefreq>daily</changefreq>"
+             b"<o:changefreq>never</o:changefreq></url></urlset>")
+    assert read_sitemap(other, "http://www.example.com/sitemap.xml") == ("urlset", [
+        ("http://www.example.com/a", None, "daily")])
+
+
+def test_robots_txt_sitemap_lines_as_protego_reads_them():
+    """crawler-commons' test robots.txt files and the spellings Google's
+    parser accepts: a UTF-8 BOM before the first line, ``Sitemap :``,
+    ``sitemaps:``, ``site-map:``, a comment after the URL. Not a bare URL
+    line, which crawler-commons guesses is one and Google does not."""
+    assert robots_sitemaps((CRAWLER_COMMONS / "robots_sitemap-robots.txt").read_bytes(),
+                           "http://domain.com/robots.txt") == [
+        "http://domain.com/sitemap.xml", "http://domain.com/dir/MixedCased-sitemap.xml"]
+    assert robots_sitemaps((CRAWLER_COMMONS / "robots_relative-sitemap-robots.txt").read_bytes(),
+                           "http://www.example.com/robots.txt") == ["http://www.example.com/sitemap.xml"]
+    assert robots_sitemaps((CRAWLER_COMMONS / "robots_robots-with-utf8-bom.txt").read_bytes(),
+                           "http://www.newsweek.com/robots.txt") == ["http://www.newsweek.com/sitemap_index.xml"]
+    robots = (b"\xef\xbb\xbfSitemap: /first.xml\nUser-agent: *\nDisallow: /p\nSitemap : /spaced.xml\n"
+              b"sitemaps: /plural.xml\nsite-map: /hyphen.xml\nSitemap: /commented.xml # the main one\n"
+              b"Sitemap: http://[bad/\n")
+    assert robots_sitemaps(robots, "http://a.example/robots.txt") == [
+        f"http://a.example/{name}.xml" for name in ("first", "spaced", "plural", "hyphen", "commented")]
 
 
 def test_sitemaps_key():
@@ -1001,6 +1113,26 @@ def test_a_robots_txt_sitemap_line_that_is_no_url_is_skipped(tmp_path):
     assert "Traceback" not in result.log
 
 
+def test_a_sitemap_named_on_a_robots_txts_first_line_after_a_bom_is_read_whole(tmp_path):
+    """A robots.txt saved with a UTF-8 BOM names its sitemap on its first
+    line, and the sitemap (a PHP page's) has a blank line before its XML
+    declaration: the sitemap is read, and its URL with two parameters is
+    fetched as listed. The BOM hid the line; the blank line made libxml2
+    drop the ``&amp;``, and the crawl fetch ``/news/b?x=1y=2``."""
+    pages = {"/robots.txt": (200, b"\xef\xbb\xbfSitemap: /sitemap.php\nUser-agent: *\nDisallow: /private\n"),
+             "/": (200, html("/news/a")), "/news/a": (200, html()), "/news/b?x=1&y=2": (200, html()),
+             "/sitemap.php": (200, b'\n<?xml version="1.0" encoding="UTF-8"?>\n'
+                                   b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                   b"<url><loc>/news/b?x=1&amp;y=2</loc></url><url><loc>/private/c</loc></url>"
+                                   b"</urlset>")}
+    with serving(SmallSite(pages)) as server:
+        result = crawl(small_site(tmp_path, "news", server.url), tmp_path / "f.sqlite3", tmp_path)
+        log = sorted(server.log)
+    assert log == ["/", "/news/a", "/news/b?x=1&y=2", "/robots.txt", "/sitemap.php"], log
+    assert result.stat("vertical/robots/forbidden") == 1  # the BOM hid no rule either
+    assert "Traceback" not in result.log
+
+
 def test_a_sitemap_entry_is_checked_on_the_host_it_would_be_fetched_from(tmp_path):
     """``<loc>http://localhost:PORT\\@127.0.0.1:PORT/x</loc>``: read as a URL
     its host is 127.0.0.1, one of the site's; canonical (a backslash is a
@@ -1384,21 +1516,24 @@ def test_a_date_that_moved_since_a_reading_after_the_fetch_brings_the_page_at_on
 
 def test_a_text_sitemap_lists_the_urls_on_its_lines():
     """One full URL a line, UTF-8: any other line is no URL (``""``), for the
-    crawl to count, and only ``\\n`` ends a line (U+2028 and a form feed cut
-    URLs in two). An XML sitemap in UTF-16 is still XML."""
+    crawl to count, and only ``\\n`` and ``\\r`` end a line (U+2028 and a
+    form feed cut URLs in two). An XML sitemap in UTF-16 is still XML."""
     body = ("\ufeffhttp://a.example/1\r\n\n  https://a.example/2?x=1  \n/relative\nnot a url\n"
             "http://a.example/with space\nftp://a.example/f\nhttp://a.example/a\u2028b\nhttp://a.example/c\x0cd\n"
             "http://a.example/3").encode() + b"\nhttp://a.example/caf\xe9\n"
     assert read_sitemap(body, BASE + "/s.txt") == ("text", [
         ("http://a.example/1", None, None), ("https://a.example/2?x=1", None, None), *[("", None, None)] * 6,
         ("http://a.example/3", None, None), ("", None, None)])
+    assert read_sitemap(b"http://a.example/1\rhttp://a.example/2\r", BASE + "/s.txt") == ("text", [
+        ("http://a.example/1", None, None), ("http://a.example/2", None, None)])  # an old Mac's line ends
     assert read_sitemap(b"<html><body>Not found</body></html>", BASE + "/s.txt") == ("", [])
     assert read_sitemap(b'{"error": "not found"}', BASE + "/s.txt") == ("", [])
-    # An XML sitemap's entries that are no URL are listed as "", to be counted too
-    # (Scrapy's Sitemap leaves out a <url> without a <loc>).
+    # An XML sitemap's entries that are no URL are listed as "", to be counted
+    # too, and so is a <url> without a <loc> (Scrapy's Sitemap leaves it out).
     bad = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc></url><url><loc></loc>'
-           b"</url><url><loc>http://[::1/z</loc></url></urlset>")
-    assert read_sitemap(bad, BASE + "/s.xml") == ("urlset", [(BASE + "/a", None, None), *[("", None, None)] * 2])
+           b"</url><url><loc>http://[::1/z</loc></url><url><changefreq>daily</changefreq></url></urlset>")
+    assert read_sitemap(bad, BASE + "/s.xml") == ("urlset", [
+        (BASE + "/a", None, None), *[("", None, None)] * 2, ("", None, "daily")])
     urlset = '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc></url></urlset>'
     for encoding in ("utf-16", "utf-16-le"):
         xml = f'<?xml version="1.0" encoding="{encoding.upper()}"?>{urlset}'.encode(encoding)

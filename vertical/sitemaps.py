@@ -3,9 +3,12 @@
 A site that publishes sitemaps (named in robots.txt's ``Sitemap:`` lines or
 in the site config's ``sitemaps``) says which pages it has and, with
 ``<lastmod>``, when each last changed (and, with ``<changefreq>``, what
-kind of page it takes each for). Parsing is Scrapy's own
-(:class:`scrapy.utils.sitemap.Sitemap`, :func:`~scrapy.utils.gz.gunzip`),
-as its SitemapSpider does; what the frontier makes of the entries is
+kind of page it takes each for). Parsing is lxml's, with the flags of
+Scrapy's :class:`~scrapy.utils.sitemap.Sitemap` (no entities resolved, no
+network), but entry by entry ``<loc>`` by ``<loc>``: Scrapy's keeps one URL
+an entry and drops an entry without one, which loses URLs of the broken
+sitemaps crawler-commons' tests collect. robots.txt's lines are Protego's
+reading. What the frontier makes of the entries is
 :meth:`vertical.scheduler.FrontierScheduler.sitemap_entries`.
 
 A text file of URLs, one per line, is a sitemap too (the protocol's
@@ -27,16 +30,18 @@ Pure functions, no I/O: the spider fetches, these read.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import re
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from itertools import islice
+from io import BytesIO
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 from lxml import etree
+from protego import Protego
 from scrapy.http import HtmlResponse, XmlResponse
 from scrapy.utils.gz import gunzip, gzip_magic_number
-from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
 from vertical.config import host_allowed
 from vertical.extract import link_followed
@@ -81,6 +86,16 @@ _DC = "http://purl.org/dc/elements/1.1/"
 _DCTERMS = "http://purl.org/dc/terms/"
 #: The root element of each kind of feed (RSS 1.0's is rdf:RDF).
 _FEEDS = {"rss", "RDF", "feed"}
+#: How a sitemap or feed is parsed: Scrapy's Sitemap's flags (a broken file
+#: read as far as it goes; no entity resolved, nothing fetched: no XXE).
+_PARSER: dict[str, Any] = {"recover": True, "remove_comments": True, "resolve_entities": False,
+                           "remove_blank_text": True, "collect_ids": False, "remove_pis": True,
+                           "no_network": True}
+_BOM = b"\xef\xbb\xbf"
+#: The elements of a urlset or sitemap index that are its entries.
+_ENTRY = ("url", "sitemap")
+#: A text sitemap's line ends (crawler-commons' too).
+_LINE_END = re.compile(rb"\r\n?|\n")
 
 
 def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
@@ -97,7 +112,7 @@ def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
     # AddEncoding, nginx's gzip_static) arrives inflated, as Scrapy's
     # SitemapSpider knows.
     if isinstance(response, XmlResponse) or urlsplit(response.url).path.endswith((".xml", ".xml.gz", ".txt")) \
-            or response.body.lstrip()[:5] == b"<?xml" \
+            or response.body.removeprefix(_BOM).lstrip()[:5] == b"<?xml" \
             or response.headers.get(b"Content-Type", b"").lower().startswith(b"text/plain"):
         return response.body
     return None
@@ -146,21 +161,91 @@ def read_sitemap(body: bytes, base_url: str,
         entries = read_text(body, limit)
         # Not one URL: an error page, a JSON answer.
         return ("text", entries) if any(url for url, *_ in entries) else ("", [])
+    body = _xml_start(body)
+    # End events alone (a start event for every element costs a fifth of
+    # the reading): the root is that of the first element read.
+    events = etree.iterparse(BytesIO(body), events=("end",), **_PARSER)
     try:
-        sitemap = Sitemap(body)
-    except Exception:  # lxml's XMLSyntaxError and friends: not a sitemap
+        first = next(events)
+    except (etree.XMLSyntaxError, StopIteration):  # not XML: not a sitemap
         return "", []
-    if sitemap.type in _FEEDS:
+    root = first[1].getroottree().getroot()
+    kind = _localname(root)
+    if kind in _FEEDS:
         return "feed", read_feed(body, base_url, limit)
-    if sitemap.type not in ("urlset", "sitemapindex"):
+    if kind not in ("urlset", "sitemapindex"):
         return "", []
-    # lastmod is a W3C datetime; some sites write RFC 822's, as in feeds.
-    # Scrapy's Sitemap parses as it is read: past the limit, nothing is.
-    # An entry without a <loc>, or one that is no URL, is "" for the caller
-    # to count, as a text sitemap's line.
-    entries = (((e.get("loc") and _absolute(base_url, e["loc"])) or "", _date(e.get("lastmod")),
-                _changefreq(e.get("changefreq"))) for e in sitemap)
-    return sitemap.type, list(islice(entries, limit + 1))
+    # Read as it is parsed: past the limit, nothing is.
+    return kind, list(islice(_entries(chain([first], events), root, base_url), limit + 1))
+
+
+def _xml_start(body: bytes) -> bytes:
+    """``body`` without the blank lines before its XML declaration (a PHP
+    file's stray newline): libxml2, recovering from a declaration that is not
+    at the start, drops the entities of the text after it, and
+    ``?a=1&amp;b=2`` is read ``?a=1b=2``. Not UTF-16, whose blanks are two
+    bytes (and which a stray newline would not precede)."""
+    bom = _BOM if body.startswith(_BOM) else b""
+    rest = body[len(bom):]
+    start = rest.lstrip(b" \t\r\n")
+    if len(start) == len(rest) or not start.startswith(b"<") or start[1:2] == b"\x00":
+        return body
+    return bom + start
+
+
+def _entries(events: Iterator[tuple[str, Any]], root: etree._Element, base_url: str) -> Iterator[SitemapEntry]:
+    """The entries of a urlset or sitemap index as *events* parse it: each
+    ``<url>`` or ``<sitemap>`` of the root's namespace (or none), its
+    ``<loc>``s each an entry. An element left open (``<url>`` where
+    ``</url>`` was missing) holds the entries after it: they are read
+    where they end, and a loc takes the lastmod and changefreq that follow
+    it up to the next loc (crawler-commons reads them so)."""
+    ns = _namespace(root)
+    # Tag -> what it is, in the root's namespace or none: not another
+    # namespace's (image:loc, xhtml:link).
+    names = {prefix + name: name for prefix in ("", f"{{{ns}}}" if ns else "")
+             for name in ("url", "sitemap", "loc", "lastmod", "changefreq")}
+    try:
+        for _, element in events:
+            if names.get(element.tag) not in _ENTRY:
+                continue
+            parent = element.getparent()
+            if parent is not root and names.get(parent.tag) not in _ENTRY:
+                continue  # a <url> inside a <loc>: the loc's text
+            yield from _element_entries(element, names, base_url)
+            element.clear()  # a 50 MB sitemap is read in the memory of one entry
+            if parent is root:
+                while element.getprevious() is not None:
+                    del root[0]
+    except etree.XMLSyntaxError:  # past what recovery can read: the entries before
+        return
+
+
+def _element_entries(element: etree._Element, names: dict[str, str], base_url: str) -> list[SitemapEntry]:
+    said: list[dict[str, str]] = []
+    before: dict[str, str] = {}  # what comes before the first <loc>: that loc's
+    wrapper = False
+    for child in element:
+        if (name := names.get(child.tag)) in _ENTRY:
+            wrapper = True
+        if name is None or name in _ENTRY:
+            continue
+        # With a <url> inside a <loc>; not an undeclared entity's name (as
+        # Scrapy's, the text ends there), nor what lxml did not resolve.
+        text = ("".join(child.itertext(etree.Element)) if len(child) else child.text or "").strip()
+        if name == "loc":
+            said.append({"loc": text})
+        else:
+            (said[-1] if said else before)[name] = text
+    if not said:
+        if wrapper:
+            return []  # only a wrapper of the entries left open inside it
+        # A <sitemap> of an index holding its URL as text, which
+        # crawler-commons reads; else an entry without one, to be counted.
+        said.append({"loc": (element.text or "").strip()})
+    said[0] = {**before, **said[0]}
+    return [((values["loc"] and _absolute(base_url, values["loc"])) or "", _date(values.get("lastmod")),
+             _changefreq(values.get("changefreq"))) for values in said]
 
 
 def read_text(body: bytes, limit: int = SITEMAP_MAX_ENTRIES) -> list[SitemapEntry]:
@@ -168,10 +253,11 @@ def read_text(body: bytes, limit: int = SITEMAP_MAX_ENTRIES) -> list[SitemapEntr
     sitemap: one full URL per line, in UTF-8 (sitemaps.org). A line that is
     no http(s) URL (a path, a word, bytes that are no UTF-8, a space inside)
     is listed as ``""``, no URL, for the caller to count and skip, as
-    crawler-commons' parser skips it. Lines end at ``\\n`` alone: the other
-    line ends Python knows (form feed, U+2028) cut a URL in two."""
+    crawler-commons' parser skips it. Lines end at ``\\n`` or ``\\r`` (as
+    crawler-commons reads them): the other line ends Python knows (form
+    feed, U+2028) cut a URL in two."""
     entries: list[SitemapEntry] = []
-    for raw in body.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
+    for raw in _LINE_END.split(body.removeprefix(_BOM)):
         if not (line := raw.strip()):
             continue
         try:
@@ -201,16 +287,15 @@ def _full_url(text: str) -> bool:
 
 
 def robots_sitemaps(body: bytes, base_url: str) -> list[str]:
-    """The ``Sitemap:`` lines of a robots.txt, made absolute: Scrapy's
-    ``sitemap_urls_from_robots`` line by line, so that a line that is no URL
-    (``http://[x``) is skipped rather than ending the reading with an error,
-    which took the robots.txt's rules, and so the whole site, with it."""
+    """The sitemaps a robots.txt names, made absolute: its ``Sitemap:``
+    lines as Protego reads them (``Sitemap :``, ``site-map:``, a ``#``
+    comment after the URL), decoded as Scrapy decodes a robots.txt for
+    Protego (a UTF-8 BOM dropped: it hid the first line). A line that is no
+    URL (``http://[x``) is skipped, not taken for the end of the file."""
     urls = []
-    for line in body.splitlines(keepends=True):
-        try:
-            urls.extend(sitemap_urls_from_robots(line, base_url=base_url))
-        except ValueError:
-            continue
+    for url in Protego.parse(body.decode("utf-8-sig", errors="ignore")).sitemaps:
+        if (absolute := _absolute(base_url, url)) is not None:
+            urls.append(absolute)
     return urls
 
 
@@ -228,10 +313,8 @@ def read_feed(body: bytes, base_url: str, limit: int = SITEMAP_MAX_ENTRIES) -> l
     ``alternate`` one, against its ``xml:base``; RSS 2.0 without a link: a
     permalink ``<guid>``) and its lastmod, the date it was last updated or
     else published."""
-    # Parsed as Scrapy's Sitemap parses: no entities resolved, no network.
-    parser = etree.XMLParser(recover=True, remove_comments=True, resolve_entities=False, no_network=True)
     try:
-        root = etree.fromstring(body, parser=parser, base_url=base_url)
+        root = etree.fromstring(body, parser=etree.XMLParser(**_PARSER), base_url=base_url)
     except (etree.XMLSyntaxError, ValueError):
         return []
     if root is None:
@@ -249,6 +332,11 @@ def read_feed(body: bytes, base_url: str, limit: int = SITEMAP_MAX_ENTRIES) -> l
 def _localname(element: etree._Element) -> str | None:
     # Not etree.QName: a feed parsed with recover may have tags it rejects.
     return element.tag.rpartition("}")[2] if isinstance(element.tag, str) else None  # not a comment
+
+
+def _namespace(element: etree._Element) -> str | None:
+    tag = element.tag if isinstance(element.tag, str) else ""
+    return tag[1:tag.index("}")] if tag.startswith("{") else None
 
 
 def _text(item: etree._Element, *tags: str) -> str | None:
