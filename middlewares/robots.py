@@ -42,14 +42,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from protego import Protego
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
 from vertical.commit import FrontierCommit
-from vertical.compat import (existing_slot, overrides, robots_parsers, robots_useragent, set_slot_delay,
-                             slot_settings)
+from vertical.compat import existing_slot, overrides, robots_parsers, robots_useragent, set_slot_delay, slot_settings
 from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
 from vertical.scheduler import META_RECORD
@@ -157,7 +157,9 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         if (found := getattr(self.crawler.spider, "sitemaps_found", None)) and (status == 200 or 400 <= status < 500):
             # A robots.txt gone (4xx) names no sitemap any more; unreachable,
             # it is unknown. Known by the URL asked for, wherever it redirects.
-            found(robots_sitemaps(response.body, base_url=response.url) if status == 200 else [],
+            # Read by Scrapy's parser already when Protego's (the default).
+            parsed = parsed if isinstance(parsed := getattr(rp, "rp", None), Protego) else None
+            found(robots_sitemaps(response.body, response.url, parsed) if status == 200 else [],
                   robots=as_requested(response))
         if netloc in self._refreshing and netloc not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.

@@ -183,6 +183,47 @@ def test_broken_sitemaps_read_as_crawler_commons_reads_them():
         ("http://www.example.com/a", None, "daily")])
 
 
+def test_an_element_left_open_loses_no_entry_and_glues_no_text():
+    """libxml2 recovers a tag left open by nesting what follows inside it:
+    every entry after is read all the same, each loc with its own values,
+    and a loc's URL is its own text, not that of what it holds."""
+    def read(entries: str) -> list[tuple[str, float | None, str | None]]:
+        body = ('<?xml version="1.0" encoding="UTF-8"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" '
+                f'xmlns:image="http://www.google.com/schemas/sitemap-image/1.1">{entries}</urlset>').encode()
+        # In any order: an entry held by one left open is read before it.
+        return sorted(entry for entry in read_sitemap(body, "http://a.example/sitemap.xml")[1] if entry[0])
+
+    day = datetime(2001, 1, 1, tzinfo=UTC).timestamp()
+    b, c = ("http://b.example/", None, None), ("http://c.example/", None, None)
+    rest = "<url><loc>http://b.example/</loc></url><url><loc>http://c.example/</loc></url>"
+    # A <loc> where </loc> was meant; a <lastmod>; a <priority> never closed.
+    assert read(f"<url><loc>http://a.example/<loc></url>{rest}") == [("http://a.example/", None, None), b, c]
+    assert read(f"<url><loc>http://a.example/</loc><lastmod>2001-01-01<lastmod></url>{rest}") == [
+        ("http://a.example/", day, None), b, c]
+    assert read(f"<url><loc>http://a.example/</loc><priority>0.5{rest}") == [("http://a.example/", None, None), b, c]
+    # A <loc> never closed holds the page's lastmod and its image.
+    assert read("<url><loc>http://a.example/p<lastmod>2001-01-01</lastmod><changefreq>daily</changefreq>"
+                "<image:image><image:loc>http://img.example/1.jpg</image:loc></image:image></url>") == [
+        ("http://a.example/p", day, "daily")]
+    # A value cut short is none: the one before it stands.
+    assert read("<url><lastmod>2001-01-01</lastmod><loc>http://a.example/</loc><lastmod>2001-0") == [
+        ("http://a.example/", day, None)]
+    # An <url> of another namespace (Google's before sitemaps.org's) is an entry too.
+    assert read('<url xmlns="http://www.google.com/schemas/sitemap/0.84"><loc>http://a.example/</loc></url>') == [
+        ("http://a.example/", None, None)]
+    # Once the file is found not well-formed (an undeclared &nbsp;),
+    # libxml2 drops every entity after it, &amp; too.
+    assert read("<url><loc>http://a.example/?x&nbsp;</loc></url><url><loc>http://b.example/?a=1&amp;b=2&lt;</loc>"
+                "</url>") == [("http://a.example/?x", None, None), ("http://b.example/?a=1&b=2<", None, None)]
+    # Past libxml2's 256 levels of elements left open: the entries parsed.
+    assert len(read("".join(f"<url><loc>http://a.example/{i}</loc>" + ("</url>" if i % 2 else "")
+                            for i in range(1000)))) == 253
+    # One <url> never closed, 1,000 locs: read to the limit, not whole.
+    many = "<url>" + "".join(f"<loc>http://a.example/{i}</loc>" for i in range(1000))
+    body = f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{many}</urlset>'.encode()
+    assert len(read_sitemap(body, "http://a.example/sitemap.xml", limit=10)[1]) == 11
+
+
 def test_robots_txt_sitemap_lines_as_protego_reads_them():
     """crawler-commons' test robots.txt files and the spellings Google's
     parser accepts: a UTF-8 BOM before the first line, ``Sitemap :``,

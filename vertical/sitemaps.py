@@ -31,7 +31,7 @@ Pure functions, no I/O: the spider fetches, these read.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from io import BytesIO
 from itertools import chain, islice
@@ -92,8 +92,19 @@ _PARSER: dict[str, Any] = {"recover": True, "remove_comments": True, "resolve_en
                            "remove_blank_text": True, "collect_ids": False, "remove_pis": True,
                            "no_network": True}
 _BOM = b"\xef\xbb\xbf"
-#: The elements of a urlset or sitemap index that are its entries.
+_SITEMAPS_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
+#: The elements of a urlset or sitemap index that are its entries, and the
+#: values of an entry read.
 _ENTRY = ("url", "sitemap")
+_VALUES = ("loc", "lastmod", "changefreq")
+#: Their tags in any namespace or none, for lxml to pick out.
+_WANTED = tuple(f"{{*}}{name}" for name in (*_ENTRY, *_VALUES))
+#: XML's predefined entities, and the character references that libxml2
+#: keeps where it loses them (:func:`_recoverable`).
+_PREDEFINED = ((b"&amp;", b"&#38;"), (b"&lt;", b"&#60;"), (b"&gt;", b"&#62;"), (b"&quot;", b"&#34;"),
+               (b"&apos;", b"&#39;"))
+#: An element's (local name, namespace), as :func:`_entries` knows its tags.
+_Kind = Callable[[etree._Element], tuple[str | None, str | None]]
 #: A text sitemap's line ends (crawler-commons' too).
 _LINE_END = re.compile(rb"\r\n?|\n")
 
@@ -161,9 +172,9 @@ def read_sitemap(body: bytes, base_url: str,
         entries = read_text(body, limit)
         # Not one URL: an error page, a JSON answer.
         return ("text", entries) if any(url for url, *_ in entries) else ("", [])
-    body = _xml_start(body)
-    # End events alone (a start event for every element costs a fifth of
-    # the reading): the root is that of the first element read.
+    body = _recoverable(body)
+    # End events alone, an element once read whole: the root is that of the
+    # first.
     events = etree.iterparse(BytesIO(body), events=("end",), **_PARSER)
     try:
         first = next(events)
@@ -179,73 +190,123 @@ def read_sitemap(body: bytes, base_url: str,
     return kind, list(islice(_entries(chain([first], events), root, base_url), limit + 1))
 
 
-def _xml_start(body: bytes) -> bytes:
-    """``body`` without the blank lines before its XML declaration (a PHP
-    file's stray newline): libxml2, recovering from a declaration that is not
-    at the start, drops the entities of the text after it, and
-    ``?a=1&amp;b=2`` is read ``?a=1b=2``. Not UTF-16, whose blanks are two
-    bytes (and which a stray newline would not precede)."""
+def _recoverable(body: bytes) -> bytes:
+    """``body`` as libxml2 recovers it without loss. Without the blank lines
+    before its XML declaration (a PHP file's stray newline), which make the
+    declaration, and the encoding it names, an error. With the predefined
+    entities written as character references: once libxml2 finds a document
+    not well-formed (an ``&nbsp;``, a tag left open) it drops every entity
+    reference after, ``&amp;`` too (``?a=1&amp;b=2`` read ``?a=1b=2``), but
+    no character reference. (In a CDATA section ``&amp;`` is text, and a
+    URL so written broken either way.) Not UTF-16's, whose characters are
+    two bytes."""
     bom = _BOM if body.startswith(_BOM) else b""
-    rest = body[len(bom):]
-    start = rest.lstrip(b" \t\r\n")
-    if len(start) == len(rest) or not start.startswith(b"<") or start[1:2] == b"\x00":
-        return body
-    return bom + start
+    start = body[len(bom):].lstrip(b" \t\r\n")
+    if start.startswith(b"<") and start[1:2] != b"\x00":
+        body = bom + start
+    if b"&" in body:
+        for entity, reference in _PREDEFINED:
+            body = body.replace(entity, reference)
+    return body
 
 
 def _entries(events: Iterator[tuple[str, Any]], root: etree._Element, base_url: str) -> Iterator[SitemapEntry]:
-    """The entries of a urlset or sitemap index as *events* parse it: each
-    ``<url>`` or ``<sitemap>`` of the root's namespace (or none), its
-    ``<loc>``s each an entry. An element left open (``<url>`` where
-    ``</url>`` was missing) holds the entries after it: they are read
-    where they end, and a loc takes the lastmod and changefreq that follow
-    it up to the next loc (crawler-commons reads them so)."""
-    ns = _namespace(root)
-    # Tag -> what it is, in the root's namespace or none: not another
-    # namespace's (image:loc, xhtml:link).
-    names = {prefix + name: name for prefix in ("", f"{{{ns}}}" if ns else "")
-             for name in ("url", "sitemap", "loc", "lastmod", "changefreq")}
+    """The entries of a urlset or sitemap index as *events* parse it, each
+    ``<url>`` or ``<sitemap>`` read where it ends (:func:`_element_entries`)
+    and then dropped, so that a sitemap is read in the memory of a few
+    entries. One left open (``</url>`` or a ``</loc>`` missing) holds those
+    after it, as libxml2 recovers the file: each is read where it ends, the
+    one holding them where it ends."""
+    kinds: dict[Any, tuple[str | None, str | None]] = {}
+    root_ns = _namespace(root)
+
+    def kind(element: etree._Element) -> tuple[str | None, str | None]:  # (local name, namespace)
+        if (known := kinds.get(element.tag)) is None:
+            known = kinds[element.tag] = (_localname(element), _namespace(element))
+        return known
+
+    read = None  # the last entry read
     try:
         for _, element in events:
-            if names.get(element.tag) not in _ENTRY:
+            if kind(element)[0] not in _ENTRY:
                 continue
             parent = element.getparent()
-            if parent is not root and names.get(parent.tag) not in _ENTRY:
-                continue  # a <url> inside a <loc>: the loc's text
-            yield from _element_entries(element, names, base_url)
-            element.clear()  # a 50 MB sitemap is read in the memory of one entry
+            if _loc_text(parent, kind) is element:
+                continue  # the text of the <loc> it is in
+            yield from _element_entries(element, root_ns, kind, base_url)
+            element.clear()  # left in place: where the entry holding it ends one
             if parent is root:
                 while element.getprevious() is not None:
                     del root[0]
-    except etree.XMLSyntaxError:  # past what recovery can read: the entries before
-        return
+            elif (before := element.getprevious()) is not None and kind(before)[0] in _ENTRY:
+                parent.remove(before)  # one such mark is enough
+            read = element
+    except etree.XMLSyntaxError:
+        # Past what recovery can read (libxml2's 256 levels of elements left
+        # open): the entries still open, each from the outermost.
+        for element in root:
+            if element is not read and kind(element)[0] in _ENTRY:
+                yield from _element_entries(element, root_ns, kind, base_url)
 
 
-def _element_entries(element: etree._Element, names: dict[str, str], base_url: str) -> list[SitemapEntry]:
-    said: list[dict[str, str]] = []
-    before: dict[str, str] = {}  # what comes before the first <loc>: that loc's
-    wrapper = False
-    for child in element:
-        if (name := names.get(child.tag)) in _ENTRY:
-            wrapper = True
-        if name is None or name in _ENTRY:
+def _loc_text(loc: etree._Element | None, kind: _Kind) -> etree._Element | None:
+    """The ``<url>`` inside a ``<loc>`` that has no text of its own
+    (``<loc><url>URL</url></loc>``, which crawler-commons' tests read as the
+    loc's URL); None for any other."""
+    if loc is None or kind(loc)[0] != "loc" or (loc.text or "").strip() or not len(loc):
+        return None
+    inside = loc[0]
+    return inside if kind(inside)[0] in _ENTRY and (inside.text or "").strip() else None
+
+
+def _element_entries(element: etree._Element, root_ns: str | None, kind: _Kind,
+                     base_url: str) -> Iterator[SitemapEntry]:
+    """The entries of one ``<url>`` or ``<sitemap>``, as crawler-commons
+    reads a file's events: each ``<loc>`` an entry, with the lastmod and
+    changefreq between it and the next loc or entry (or before it, from the
+    last). Only those of the sitemap's namespace, the entry's or none count
+    (not ``image:loc``), and only a value's own text (not the text of the
+    elements a ``<loc>`` left open holds). An entry left open inside this
+    one ends the entry read so far."""
+    ours = {root_ns, kind(element)[1], _SITEMAPS_NS, None}
+    said: dict[str, Any] = {}  # the entry read so far: its loc, lastmod and changefreq
+    taken = None  # a <url> inside a <loc>, whose text the loc took
+    nested = False
+    for node in element.iterdescendants(*_WANTED):
+        name, ns = kind(node)
+        if name in _ENTRY:
+            if node is not taken:
+                nested = True
+                if "loc" in said:
+                    yield _entry(said, base_url)
+                said = {}
             continue
-        # With a <url> inside a <loc>; not an undeclared entity's name (as
-        # Scrapy's, the text ends there), nor what lxml did not resolve.
-        text = ("".join(child.itertext(etree.Element)) if len(child) else child.text or "").strip()
-        if name == "loc":
-            said.append({"loc": text})
-        else:
-            (said[-1] if said else before)[name] = text
-    if not said:
-        if wrapper:
-            return []  # only a wrapper of the entries left open inside it
+        if ns not in ours:
+            continue
+        text = (node.text or "").strip()  # not an undeclared entity, nor the text after it
+        if name != "loc":
+            # The last value read: not one cut short, or empty (a <lastmod>
+            # where </lastmod> was meant).
+            if (value := _date(text) if name == "lastmod" else _changefreq(text)) is not None:
+                said[name] = value
+            continue
+        if (inside := _loc_text(node, kind)) is not None:
+            taken, text = inside, inside.text.strip()
+        if "loc" in said:
+            yield _entry(said, base_url)
+            said = {}
+        said["loc"] = text
+    if "loc" in said:
+        yield _entry(said, base_url)
+    elif not nested:
         # A <sitemap> of an index holding its URL as text, which
         # crawler-commons reads; else an entry without one, to be counted.
-        said.append({"loc": (element.text or "").strip()})
-    said[0] = {**before, **said[0]}
-    return [((values["loc"] and _absolute(base_url, values["loc"])) or "", _date(values.get("lastmod")),
-             _changefreq(values.get("changefreq"))) for values in said]
+        said["loc"] = text if _full_url(text := (element.text or "").strip()) else ""
+        yield _entry(said, base_url)
+
+
+def _entry(said: Mapping[str, Any], base_url: str) -> SitemapEntry:
+    return (said["loc"] and _absolute(base_url, said["loc"])) or "", said.get("lastmod"), said.get("changefreq")
 
 
 def read_text(body: bytes, limit: int = SITEMAP_MAX_ENTRIES) -> list[SitemapEntry]:
@@ -286,17 +347,16 @@ def _full_url(text: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.netloc) and not any(c.isspace() for c in text)
 
 
-def robots_sitemaps(body: bytes, base_url: str) -> list[str]:
+def robots_sitemaps(body: bytes, base_url: str, parsed: Protego | None = None) -> list[str]:
     """The sitemaps a robots.txt names, made absolute: its ``Sitemap:``
     lines as Protego reads them (``Sitemap :``, ``site-map:``, a ``#``
     comment after the URL), decoded as Scrapy decodes a robots.txt for
-    Protego (a UTF-8 BOM dropped: it hid the first line). A line that is no
-    URL (``http://[x``) is skipped, not taken for the end of the file."""
-    urls = []
-    for url in Protego.parse(body.decode("utf-8-sig", errors="ignore")).sitemaps:
-        if (absolute := _absolute(base_url, url)) is not None:
-            urls.append(absolute)
-    return urls
+    Protego (a UTF-8 BOM dropped: it hid the first line); *parsed* when
+    Scrapy's robots.txt parser has read it already. A line that is no URL
+    (``http://[x``) is skipped, not taken for the end of the file."""
+    if parsed is None:
+        parsed = Protego.parse(body.decode("utf-8-sig", errors="ignore"))
+    return [url for named in parsed.sitemaps if (url := _absolute(base_url, named)) is not None]
 
 
 def _absolute(base_url: str, url: str) -> str | None:
