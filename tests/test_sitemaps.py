@@ -218,6 +218,14 @@ def test_an_element_left_open_loses_no_entry_and_glues_no_text():
     # Past libxml2's 256 levels of elements left open: the entries parsed.
     assert len(read("".join(f"<url><loc>http://a.example/{i}</loc>" + ("</url>" if i % 2 else "")
                             for i in range(1000)))) == 253
+    # A file cut inside a <loc> (ultimate-sitemap-parser's test): its part of
+    # a URL is no URL; one cut after the loc's text keeps it.
+    urlset = '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>http://a.example/p1</loc></url>'
+    for cut, last in (("<url><loc>http://a.example/page_", ""), ("<url><loc>http://a.example/?a=1&amp;b", ""),
+                      ("<url><loc>http://a.example/p2</lo", "http://a.example/p2"),
+                      ("<url><loc>http://a.example/p1", "")):
+        assert read_sitemap((urlset + cut).encode(), "http://a.example/s.xml")[1] == [
+            ("http://a.example/p1", None, None), (last, None, None)], cut
     # One <url> never closed, 1,000 locs: read to the limit, not whole.
     many = "<url>" + "".join(f"<loc>http://a.example/{i}</loc>" for i in range(1000))
     body = f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{many}</urlset>'.encode()
@@ -241,6 +249,10 @@ def test_robots_txt_sitemap_lines_as_protego_reads_them():
               b"Sitemap: http://[bad/\n")
     assert robots_sitemaps(robots, "http://a.example/robots.txt") == [
         f"http://a.example/{name}.xml" for name in ("first", "spaced", "plural", "hyphen", "commented")]
+    # A line that is no UTF-8 names no sitemap (Scrapy's test): without the
+    # byte Scrapy's decoding drops, the URL is another.
+    assert robots_sitemaps(b"Sitemap: /\xff.xml\nSitemap: /ok.xml\nUser-agent: *\nDisallow: /\xff\n",
+                           "http://a.example/robots.txt") == ["http://a.example/ok.xml"]
 
 
 def test_sitemaps_key():

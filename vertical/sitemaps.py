@@ -30,11 +30,12 @@ Pure functions, no I/O: the spider fetches, these read.
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from io import BytesIO
-from itertools import chain, islice
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
@@ -98,13 +99,16 @@ _SITEMAPS_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 _ENTRY = ("url", "sitemap")
 _VALUES = ("loc", "lastmod", "changefreq")
 #: Their tags in any namespace or none, for lxml to pick out.
+_ENTRY_TAGS = tuple(f"{{*}}{name}" for name in _ENTRY)
 _WANTED = tuple(f"{{*}}{name}" for name in (*_ENTRY, *_VALUES))
 #: XML's predefined entities, and the character references that libxml2
-#: keeps where it loses them (:func:`_recoverable`).
+#: keeps where it loses them (:func:`_chunks`).
 _PREDEFINED = ((b"&amp;", b"&#38;"), (b"&lt;", b"&#60;"), (b"&gt;", b"&#62;"), (b"&quot;", b"&#34;"),
                (b"&apos;", b"&#39;"))
 #: An element's (local name, namespace), as :func:`_entries` knows its tags.
 _Kind = Callable[[etree._Element], tuple[str | None, str | None]]
+#: The start tag of a <loc>, where the bytes searched end.
+_LOC_END = re.compile(rb"<(?:[\w.-]+:)?loc\s*>$")
 #: A text sitemap's line ends (crawler-commons' too).
 _LINE_END = re.compile(rb"\r\n?|\n")
 
@@ -172,68 +176,84 @@ def read_sitemap(body: bytes, base_url: str,
         entries = read_text(body, limit)
         # Not one URL: an error page, a JSON answer.
         return ("text", entries) if any(url for url, *_ in entries) else ("", [])
-    body = _recoverable(body)
-    # End events alone, an element once read whole: the root is that of the
-    # first.
-    events = etree.iterparse(BytesIO(body), events=("end",), **_PARSER)
     try:
-        first = next(events)
+        _, top = next(etree.iterparse(BytesIO(body), events=("start",), **_PARSER))
     except (etree.XMLSyntaxError, StopIteration):  # not XML: not a sitemap
         return "", []
-    root = first[1].getroottree().getroot()
-    kind = _localname(root)
+    kind = _localname(top)
     if kind in _FEEDS:
         return "feed", read_feed(body, base_url, limit)
     if kind not in ("urlset", "sitemapindex"):
         return "", []
-    # Read as it is parsed: past the limit, nothing is.
-    return kind, list(islice(_entries(chain([first], events), root, base_url), limit + 1))
+    # Each entry where it ends (lxml picks them out), read as it is parsed:
+    # past the limit, nothing is.
+    parser = etree.XMLPullParser(events=("end",), tag=_ENTRY_TAGS, **_PARSER)
+    return kind, list(islice(_entries(_parsed(parser, body), base_url, _cut_loc(body)), limit + 1))
 
 
-def _recoverable(body: bytes) -> bytes:
-    """``body`` as libxml2 recovers it without loss. Without the blank lines
-    before its XML declaration (a PHP file's stray newline), which make the
-    declaration, and the encoding it names, an error. With the predefined
-    entities written as character references: once libxml2 finds a document
-    not well-formed (an ``&nbsp;``, a tag left open) it drops every entity
-    reference after, ``&amp;`` too (``?a=1&amp;b=2`` read ``?a=1b=2``), but
-    no character reference. (In a CDATA section ``&amp;`` is text, and a
-    URL so written broken either way.) Not UTF-16's, whose characters are
-    two bytes."""
-    bom = _BOM if body.startswith(_BOM) else b""
-    start = body[len(bom):].lstrip(b" \t\r\n")
-    if start.startswith(b"<") and start[1:2] != b"\x00":
-        body = bom + start
-    if b"&" in body:
-        for entity, reference in _PREDEFINED:
-            body = body.replace(entity, reference)
-    return body
+def _parsed(parser: etree.XMLPullParser, body: bytes) -> Iterator[tuple[str, Any]]:
+    """*parser*'s events as it is fed *body* chunk by chunk (:func:`_chunks`)."""
+    for chunk in _chunks(body):
+        parser.feed(chunk)
+        yield from parser.read_events()
+    parser.close()
+    yield from parser.read_events()
 
 
-def _entries(events: Iterator[tuple[str, Any]], root: etree._Element, base_url: str) -> Iterator[SitemapEntry]:
-    """The entries of a urlset or sitemap index as *events* parse it, each
-    ``<url>`` or ``<sitemap>`` read where it ends (:func:`_element_entries`)
-    and then dropped, so that a sitemap is read in the memory of a few
-    entries. One left open (``</url>`` or a ``</loc>`` missing) holds those
-    after it, as libxml2 recovers the file: each is read where it ends, the
-    one holding them where it ends."""
+def _chunks(body: bytes, size: int = 1 << 16) -> Iterator[bytes]:
+    """*body* in chunks of about *size* bytes, as libxml2 recovers it without
+    loss. Without the blank lines before its XML declaration (a PHP file's
+    stray newline), which make the declaration, and the encoding it names,
+    an error. With the predefined entities written as character references:
+    once libxml2 finds a document not well-formed (an ``&nbsp;``, a tag left
+    open) it drops every entity reference after, ``&amp;`` too
+    (``?a=1&amp;b=2`` read ``?a=1b=2``), but no character reference. (In a
+    CDATA section ``&amp;`` is text, and a URL so written broken either way.)
+    Chunk by chunk, so that a 50 MB sitemap is not copied whole. Not
+    UTF-16, whose characters are two bytes."""
+    start = len(_BOM) if body.startswith(_BOM) else 0
+    first = len(body) - len(body[start:].lstrip(b" \t\r\n"))
+    if first > start and body[first:first + 1] == b"<" and body[first + 1:first + 2] != b"\x00":
+        if start:
+            yield _BOM
+        start = first
+    while start < len(body):
+        end = start + size
+        # An entity cut in two goes whole into the next chunk.
+        if (cut := body.rfind(b"&", end - 5, end)) != -1 and body.find(b";", cut, end) == -1:
+            end = cut
+        chunk = body[start:end]
+        if b"&" in chunk:
+            for entity, reference in _PREDEFINED:
+                chunk = chunk.replace(entity, reference)
+        yield chunk
+        start = end
+
+
+def _entries(events: Iterator[tuple[str, Any]], base_url: str, cut: str | None) -> Iterator[SitemapEntry]:
+    """The entries of a urlset or sitemap index, each ``<url>`` or
+    ``<sitemap>`` read where *events* end it (:func:`_element_entries`) and
+    then dropped, so that a sitemap is read in the memory of a few entries.
+    One left open (``</url>`` or a ``</loc>`` missing) holds those after it,
+    as libxml2 recovers the file: each is read where it ends, the one
+    holding them where it ends. *cut*: the text of a last ``<loc>`` the file
+    was cut inside (:func:`_cut_loc`), no URL."""
     kinds: dict[Any, tuple[str | None, str | None]] = {}
-    root_ns = _namespace(root)
 
     def kind(element: etree._Element) -> tuple[str | None, str | None]:  # (local name, namespace)
         if (known := kinds.get(element.tag)) is None:
             known = kinds[element.tag] = (_localname(element), _namespace(element))
         return known
 
-    read = None  # the last entry read
+    root = read = None  # the urlset or index; the last entry read
     try:
         for _, element in events:
-            if kind(element)[0] not in _ENTRY:
-                continue
+            if root is None:
+                root = element.getroottree().getroot()
             parent = element.getparent()
             if _loc_text(parent, kind) is element:
                 continue  # the text of the <loc> it is in
-            yield from _element_entries(element, root_ns, kind, base_url)
+            yield from _element_entries(element, _namespace(root), kind, base_url, cut)
             element.clear()  # left in place: where the entry holding it ends one
             if parent is root:
                 while element.getprevious() is not None:
@@ -244,9 +264,21 @@ def _entries(events: Iterator[tuple[str, Any]], root: etree._Element, base_url: 
     except etree.XMLSyntaxError:
         # Past what recovery can read (libxml2's 256 levels of elements left
         # open): the entries still open, each from the outermost.
-        for element in root:
+        for element in root if root is not None else ():
             if element is not read and kind(element)[0] in _ENTRY:
-                yield from _element_entries(element, root_ns, kind, base_url)
+                yield from _element_entries(element, _namespace(root), kind, base_url, cut)
+
+
+def _cut_loc(body: bytes) -> str | None:
+    """The text a sitemap cut short inside a ``<loc>`` ends with (a gzip file
+    being written when it was served): libxml2 closes the loc at the end of
+    the file, and the part of a URL would be read as one. None for a file
+    that ends otherwise."""
+    end = body.rfind(b">") + 1
+    tail = body[end:]
+    if b"<" in tail or not tail.strip() or not _LOC_END.search(body, max(0, end - 64), end):
+        return None
+    return html.unescape(tail.decode("utf-8", "replace")).strip()
 
 
 def _loc_text(loc: etree._Element | None, kind: _Kind) -> etree._Element | None:
@@ -259,8 +291,8 @@ def _loc_text(loc: etree._Element | None, kind: _Kind) -> etree._Element | None:
     return inside if kind(inside)[0] in _ENTRY and (inside.text or "").strip() else None
 
 
-def _element_entries(element: etree._Element, root_ns: str | None, kind: _Kind,
-                     base_url: str) -> Iterator[SitemapEntry]:
+def _element_entries(element: etree._Element, root_ns: str | None, kind: _Kind, base_url: str,
+                     cut: str | None = None) -> Iterator[SitemapEntry]:
     """The entries of one ``<url>`` or ``<sitemap>``, as crawler-commons
     reads a file's events: each ``<loc>`` an entry, with the lastmod and
     changefreq between it and the next loc or entry (or before it, from the
@@ -295,7 +327,10 @@ def _element_entries(element: etree._Element, root_ns: str | None, kind: _Kind,
         if "loc" in said:
             yield _entry(said, base_url)
             said = {}
-        said["loc"] = text
+        # Not the URL a file cut short ends in the middle of (the last
+        # element read so far): an entry without one.
+        last = text == cut and all(up.getnext() is None for up in (node, *node.iterancestors()))
+        said["loc"] = "" if last else text
     if "loc" in said:
         yield _entry(said, base_url)
     elif not nested:
@@ -353,10 +388,24 @@ def robots_sitemaps(body: bytes, base_url: str, parsed: Protego | None = None) -
     comment after the URL), decoded as Scrapy decodes a robots.txt for
     Protego (a UTF-8 BOM dropped: it hid the first line); *parsed* when
     Scrapy's robots.txt parser has read it already. A line that is no URL
-    (``http://[x``) is skipped, not taken for the end of the file."""
+    (``http://[x``) is skipped, not taken for the end of the file, and so is
+    one that is no UTF-8: Scrapy's decoding drops the bytes it cannot read,
+    and the URL left is another."""
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text, parsed = "\n".join(_utf8_lines(body.removeprefix(_BOM))), None
     if parsed is None:
-        parsed = Protego.parse(body.decode("utf-8-sig", errors="ignore"))
+        parsed = Protego.parse(text)
     return [url for named in parsed.sitemaps if (url := _absolute(base_url, named)) is not None]
+
+
+def _utf8_lines(body: bytes) -> Iterator[str]:
+    for line in body.splitlines():
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
 
 
 def _absolute(base_url: str, url: str) -> str | None:
@@ -373,8 +422,11 @@ def read_feed(body: bytes, base_url: str, limit: int = SITEMAP_MAX_ENTRIES) -> l
     ``alternate`` one, against its ``xml:base``; RSS 2.0 without a link: a
     permalink ``<guid>``) and its lastmod, the date it was last updated or
     else published."""
+    parser = etree.XMLPullParser(events=(), base_url=base_url, **_PARSER)
     try:
-        root = etree.fromstring(body, parser=etree.XMLParser(**_PARSER), base_url=base_url)
+        for chunk in _chunks(body):
+            parser.feed(chunk)
+        root = parser.close()
     except (etree.XMLSyntaxError, ValueError):
         return []
     if root is None:
