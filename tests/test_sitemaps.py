@@ -220,12 +220,19 @@ def test_an_element_left_open_loses_no_entry_and_glues_no_text():
                             for i in range(1000)))) == 253
     # A file cut inside a <loc> (ultimate-sitemap-parser's test): its part of
     # a URL is no URL; one cut after the loc's text keeps it.
-    urlset = '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>http://a.example/p1</loc></url>'
-    for cut, last in (("<url><loc>http://a.example/page_", ""), ("<url><loc>http://a.example/?a=1&amp;b", ""),
-                      ("<url><loc>http://a.example/p2</lo", "http://a.example/p2"),
-                      ("<url><loc>http://a.example/p1", "")):
-        assert read_sitemap((urlset + cut).encode(), "http://a.example/s.xml")[1] == [
+    urlset = b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>http://a.example/p1</loc></url>'
+    for cut, last in ((b"<url><loc>http://a.example/page_", ""), (b"<url><loc>http://a.example/?a=1&amp;b", ""),
+                      (b"<url><loc>http://a.example/?a=1&am", ""), (b"<url><loc>http://a.example/caf\xc3", ""),
+                      (b'<url><loc xml:lang="en">http://a.example/p', ""),
+                      (b"<url><loc>http://a.example/p2</lo", "http://a.example/p2"),
+                      (b"<url><loc>http://a.example/p1", "")):
+        assert read_sitemap(urlset + cut, "http://a.example/s.xml")[1] == [
             ("http://a.example/p1", None, None), (last, None, None)], cut
+    # The same URL complete before, ending where the reading's first 64 KB
+    # do: only the one cut is none.
+    padded = urlset.replace(b"<url>", b" " * (65536 - len(urlset)) + b"<url>", 1)
+    assert read_sitemap(padded + b"<url><loc>http://a.example/p1", "http://a.example/s.xml")[1] == [
+        ("http://a.example/p1", None, None), ("", None, None)]
     # One <url> never closed, 1,000 locs: read to the limit, not whole.
     many = "<url>" + "".join(f"<loc>http://a.example/{i}</loc>" for i in range(1000))
     body = f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{many}</urlset>'.encode()

@@ -30,7 +30,6 @@ Pure functions, no I/O: the spider fetches, these read.
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -108,7 +107,7 @@ _PREDEFINED = ((b"&amp;", b"&#38;"), (b"&lt;", b"&#60;"), (b"&gt;", b"&#62;"), (
 #: An element's (local name, namespace), as :func:`_entries` knows its tags.
 _Kind = Callable[[etree._Element], tuple[str | None, str | None]]
 #: The start tag of a <loc>, where the bytes searched end.
-_LOC_END = re.compile(rb"<(?:[\w.-]+:)?loc\s*>$")
+_LOC_START = re.compile(rb"<(?:[\w.-]+:)?loc(?:\s[^<>]*)?>$")
 #: A text sitemap's line ends (crawler-commons' too).
 _LINE_END = re.compile(rb"\r\n?|\n")
 
@@ -187,15 +186,18 @@ def read_sitemap(body: bytes, base_url: str,
         return "", []
     # Each entry where it ends (lxml picks them out), read as it is parsed:
     # past the limit, nothing is.
-    parser = etree.XMLPullParser(events=("end",), tag=_ENTRY_TAGS, **_PARSER)
-    return kind, list(islice(_entries(_parsed(parser, body), base_url, _cut_loc(body)), limit + 1))
+    parser = etree.XMLPullParser(events=("start", "end"), tag=_ENTRY_TAGS, **_PARSER)
+    return kind, list(islice(_entries(_parsed(parser, body), base_url, _ends_in_loc(body)), limit + 1))
 
 
 def _parsed(parser: etree.XMLPullParser, body: bytes) -> Iterator[tuple[str, Any]]:
-    """*parser*'s events as it is fed *body* chunk by chunk (:func:`_chunks`)."""
+    """*parser*'s events as it is fed *body* chunk by chunk (:func:`_chunks`),
+    and ``("eof", None)`` once it is fed all: the events after are those of
+    the elements the end of the file left open."""
     for chunk in _chunks(body):
         parser.feed(chunk)
         yield from parser.read_events()
+    yield "eof", None
     parser.close()
     yield from parser.read_events()
 
@@ -220,7 +222,7 @@ def _chunks(body: bytes, size: int = 1 << 16) -> Iterator[bytes]:
     while start < len(body):
         end = start + size
         # An entity cut in two goes whole into the next chunk.
-        if (cut := body.rfind(b"&", end - 5, end)) != -1 and body.find(b";", cut, end) == -1:
+        if (cut := body.rfind(b"&", max(start + 1, end - 5), end)) != -1 and body.find(b";", cut, end) == -1:
             end = cut
         chunk = body[start:end]
         if b"&" in chunk:
@@ -230,14 +232,14 @@ def _chunks(body: bytes, size: int = 1 << 16) -> Iterator[bytes]:
         start = end
 
 
-def _entries(events: Iterator[tuple[str, Any]], base_url: str, cut: str | None) -> Iterator[SitemapEntry]:
+def _entries(events: Iterator[tuple[str, Any]], base_url: str, cut: bool) -> Iterator[SitemapEntry]:
     """The entries of a urlset or sitemap index, each ``<url>`` or
     ``<sitemap>`` read where *events* end it (:func:`_element_entries`) and
     then dropped, so that a sitemap is read in the memory of a few entries.
     One left open (``</url>`` or a ``</loc>`` missing) holds those after it,
     as libxml2 recovers the file: each is read where it ends, the one
-    holding them where it ends. *cut*: the text of a last ``<loc>`` the file
-    was cut inside (:func:`_cut_loc`), no URL."""
+    holding them where it ends. *cut*: whether the file ends inside the
+    text of a ``<loc>`` (:func:`_ends_in_loc`), which is then no URL."""
     kinds: dict[Any, tuple[str | None, str | None]] = {}
 
     def kind(element: etree._Element) -> tuple[str | None, str | None]:  # (local name, namespace)
@@ -246,14 +248,20 @@ def _entries(events: Iterator[tuple[str, Any]], base_url: str, cut: str | None) 
         return known
 
     root = read = None  # the urlset or index; the last entry read
+    cut_loc = None
     try:
-        for _, element in events:
-            if root is None:
-                root = element.getroottree().getroot()
+        for event, element in events:
+            if event == "start":
+                if root is None:
+                    root = element.getroottree().getroot()
+                continue
+            if event == "eof":
+                cut_loc = _last_element(root) if cut and root is not None else None
+                continue
             parent = element.getparent()
             if _loc_text(parent, kind) is element:
                 continue  # the text of the <loc> it is in
-            yield from _element_entries(element, _namespace(root), kind, base_url, cut)
+            yield from _element_entries(element, _namespace(root), kind, base_url, cut_loc)
             element.clear()  # left in place: where the entry holding it ends one
             if parent is root:
                 while element.getprevious() is not None:
@@ -266,19 +274,24 @@ def _entries(events: Iterator[tuple[str, Any]], base_url: str, cut: str | None) 
         # open): the entries still open, each from the outermost.
         for element in root if root is not None else ():
             if element is not read and kind(element)[0] in _ENTRY:
-                yield from _element_entries(element, _namespace(root), kind, base_url, cut)
+                yield from _element_entries(element, _namespace(root), kind, base_url, cut_loc)
 
 
-def _cut_loc(body: bytes) -> str | None:
-    """The text a sitemap cut short inside a ``<loc>`` ends with (a gzip file
+def _ends_in_loc(body: bytes) -> bool:
+    """Whether *body* ends inside the text of a ``<loc>`` (a gzip sitemap
     being written when it was served): libxml2 closes the loc at the end of
-    the file, and the part of a URL would be read as one. None for a file
-    that ends otherwise."""
+    the file, and the part of a URL would be read as one."""
     end = body.rfind(b">") + 1
     tail = body[end:]
-    if b"<" in tail or not tail.strip() or not _LOC_END.search(body, max(0, end - 64), end):
-        return None
-    return html.unescape(tail.decode("utf-8", "replace")).strip()
+    return b"<" not in tail and bool(tail.strip()) and bool(_LOC_START.search(body, max(0, end - 256), end))
+
+
+def _last_element(root: etree._Element) -> etree._Element:
+    """The element of *root*'s tree that the file's last bytes are in."""
+    node = root
+    while (inside := [child for child in node if isinstance(child.tag, str)]):
+        node = inside[-1]
+    return node
 
 
 def _loc_text(loc: etree._Element | None, kind: _Kind) -> etree._Element | None:
@@ -292,14 +305,15 @@ def _loc_text(loc: etree._Element | None, kind: _Kind) -> etree._Element | None:
 
 
 def _element_entries(element: etree._Element, root_ns: str | None, kind: _Kind, base_url: str,
-                     cut: str | None = None) -> Iterator[SitemapEntry]:
+                     cut: etree._Element | None = None) -> Iterator[SitemapEntry]:
     """The entries of one ``<url>`` or ``<sitemap>``, as crawler-commons
     reads a file's events: each ``<loc>`` an entry, with the lastmod and
     changefreq between it and the next loc or entry (or before it, from the
     last). Only those of the sitemap's namespace, the entry's or none count
     (not ``image:loc``), and only a value's own text (not the text of the
     elements a ``<loc>`` left open holds). An entry left open inside this
-    one ends the entry read so far."""
+    one ends the entry read so far. *cut*: the ``<loc>`` the end of the
+    file cut, no URL."""
     ours = {root_ns, kind(element)[1], _SITEMAPS_NS, None}
     said: dict[str, Any] = {}  # the entry read so far: its loc, lastmod and changefreq
     taken = None  # a <url> inside a <loc>, whose text the loc took
@@ -327,10 +341,7 @@ def _element_entries(element: etree._Element, root_ns: str | None, kind: _Kind, 
         if "loc" in said:
             yield _entry(said, base_url)
             said = {}
-        # Not the URL a file cut short ends in the middle of (the last
-        # element read so far): an entry without one.
-        last = text == cut and all(up.getnext() is None for up in (node, *node.iterancestors()))
-        said["loc"] = "" if last else text
+        said["loc"] = "" if node is cut else text
     if "loc" in said:
         yield _entry(said, base_url)
     elif not nested:
