@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -1293,22 +1294,33 @@ def test_a_feed_an_entry_page_no_longer_announces_is_not_read_again(tmp_path):
 
 
 def test_a_gzip_sitemap_cut_short_is_read_whole_again(tmp_path):
-    """A ``.xml.gz`` served cut short (written while it was served): the
-    pages it holds are read, and the next reading asks for it whole rather
-    than behind its ETag, which kept the rest unread until the file changed."""
+    """A ``.xml.gz`` served cut short (written while it was served), here
+    inside a ``<loc>``: the pages it holds are read, not the part of a URL
+    it ends with, and the next reading asks for it whole rather than behind
+    its ETag, which kept the rest unread until the file changed."""
     urlset = ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
-        f"<url><loc>/news/{i}</loc></url>" for i in range(300)) + "</urlset>").encode()
-    whole = gzip.compress(urlset, mtime=0)
-    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/s.xml.gz": (200, whole[:len(whole) // 2])}
+        f"<url><loc>/news/{i}?a=1&amp;b=2</loc></url>" for i in range(300)) + "</urlset>").encode()
+    # Flushed where it is cut, so that what was served inflates to exactly
+    # the bytes before: "...<url><loc>/news/150?a=1&am".
+    at = urlset.index(b"<loc>/news/150?") + len(b"<loc>/news/150?a=1&am")
+    deflate = zlib.compressobj(wbits=31)  # gzip
+    cut = deflate.compress(urlset[:at]) + deflate.flush(zlib.Z_SYNC_FLUSH)
+    whole = cut + deflate.compress(urlset[at:]) + deflate.flush()
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/s.xml.gz": (200, cut),
+             **{f"/news/{i}?a=1&b=2": (200, html()) for i in range(300)}}
     with serving(SmallSite(pages, etags=True)) as server:
         site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml.gz"],
                           politeness={"delay": 0, "concurrency": 4})
         store = tmp_path / "f.sqlite3"
         first = crawl(site, store, tmp_path, tag="1", settings={"VERTICAL_SITEMAP_TTL": 0})
+        fetched_first = {path for path in server.log if path.startswith("/news/")}
         pages["/s.xml.gz"] = (200, whole)
         second = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_SITEMAP_TTL": 0})
         status = server.statuses["/s.xml.gz"]
-    assert first.stat("vertical/sitemap/gzip_cut") == 1 and 0 < first.stat("vertical/sitemap/urls") < 300
+    assert first.stat("vertical/sitemap/gzip_cut") == 1
+    assert first.stat("vertical/sitemap/urls") == 150 and first.stat("vertical/sitemap/skipped") == 1
+    # Not /news/150?a=1, nor any URL the sitemap does not list whole.
+    assert fetched_first and fetched_first <= {f"/news/{i}?a=1&b=2" for i in range(150)}
     assert status == 200 and second.stat("vertical/sitemap/urls") == 300
     assert not second.stat("vertical/sitemap/gzip_cut")
 
