@@ -158,8 +158,9 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             # A robots.txt gone (4xx) names no sitemap any more; unreachable,
             # it is unknown. Known by the URL asked for, wherever it redirects.
             # Read by Scrapy's parser already when Protego's (the default).
-            parsed = parsed if isinstance(parsed := getattr(rp, "rp", None), Protego) else None
-            found(robots_sitemaps(response.body, response.url, parsed) if status == 200 else [],
+            parsed = getattr(rp, "rp", None)
+            found(robots_sitemaps(response.body, response.url, parsed if isinstance(parsed, Protego) else None)
+                  if status == 200 else [],
                   robots=as_requested(response))
         if netloc in self._refreshing and netloc not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.

@@ -31,6 +31,7 @@ Pure functions, no I/O: the spider fetches, these read.
 from __future__ import annotations
 
 import re
+from codecs import BOM_UTF8
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from io import BytesIO
@@ -91,7 +92,6 @@ _FEEDS = {"rss", "RDF", "feed"}
 _PARSER: dict[str, Any] = {"recover": True, "remove_comments": True, "resolve_entities": False,
                            "remove_blank_text": True, "collect_ids": False, "remove_pis": True,
                            "no_network": True}
-_BOM = b"\xef\xbb\xbf"
 _SITEMAPS_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 #: The elements of a urlset or sitemap index that are its entries, and the
 #: values of an entry read.
@@ -126,7 +126,7 @@ def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
     # AddEncoding, nginx's gzip_static) arrives inflated, as Scrapy's
     # SitemapSpider knows.
     if isinstance(response, XmlResponse) or urlsplit(response.url).path.endswith((".xml", ".xml.gz", ".txt")) \
-            or response.body.removeprefix(_BOM).lstrip()[:5] == b"<?xml" \
+            or response.body.removeprefix(BOM_UTF8).lstrip()[:5] == b"<?xml" \
             or response.headers.get(b"Content-Type", b"").lower().startswith(b"text/plain"):
         return response.body
     return None
@@ -213,11 +213,11 @@ def _chunks(body: bytes, size: int = 1 << 16) -> Iterator[bytes]:
     CDATA section ``&amp;`` is text, and a URL so written broken either way.)
     Chunk by chunk, so that a 50 MB sitemap is not copied whole. Not
     UTF-16, whose characters are two bytes."""
-    start = len(_BOM) if body.startswith(_BOM) else 0
+    start = len(BOM_UTF8) if body.startswith(BOM_UTF8) else 0
     first = len(body) - len(body[start:].lstrip(b" \t\r\n"))
     if first > start and body[first:first + 1] == b"<" and body[first + 1:first + 2] != b"\x00":
         if start:
-            yield _BOM
+            yield BOM_UTF8
         start = first
     while start < len(body):
         end = start + size
@@ -247,13 +247,13 @@ def _entries(events: Iterator[tuple[str, Any]], base_url: str, cut: bool) -> Ite
             known = kinds[element.tag] = (_localname(element), _namespace(element))
         return known
 
-    root = read = None  # the urlset or index; the last entry read
-    cut_loc = None
+    root = read = root_ns = cut_loc = None  # the urlset or index and its namespace; the last entry read
     try:
         for event, element in events:
             if event == "start":
                 if root is None:
                     root = element.getroottree().getroot()
+                    root_ns = _namespace(root)
                 continue
             if event == "eof":
                 cut_loc = _last_element(root) if cut and root is not None else None
@@ -261,7 +261,7 @@ def _entries(events: Iterator[tuple[str, Any]], base_url: str, cut: bool) -> Ite
             parent = element.getparent()
             if _loc_text(parent, kind) is element:
                 continue  # the text of the <loc> it is in
-            yield from _element_entries(element, _namespace(root), kind, base_url, cut_loc)
+            yield from _element_entries(element, root_ns, kind, base_url, cut_loc)
             element.clear()  # left in place: where the entry holding it ends one
             if parent is root:
                 while element.getprevious() is not None:
@@ -274,7 +274,7 @@ def _entries(events: Iterator[tuple[str, Any]], base_url: str, cut: bool) -> Ite
         # open): the entries still open, each from the outermost.
         for element in root if root is not None else ():
             if element is not read and kind(element)[0] in _ENTRY:
-                yield from _element_entries(element, _namespace(root), kind, base_url, cut_loc)
+                yield from _element_entries(element, root_ns, kind, base_url, cut_loc)
 
 
 def _ends_in_loc(body: bytes) -> bool:
@@ -364,7 +364,7 @@ def read_text(body: bytes, limit: int = SITEMAP_MAX_ENTRIES) -> list[SitemapEntr
     crawler-commons reads them): the other line ends Python knows (form
     feed, U+2028) cut a URL in two."""
     entries: list[SitemapEntry] = []
-    for raw in _LINE_END.split(body.removeprefix(_BOM)):
+    for raw in _LINE_END.split(body.removeprefix(BOM_UTF8)):
         if not (line := raw.strip()):
             continue
         try:
@@ -405,7 +405,7 @@ def robots_sitemaps(body: bytes, base_url: str, parsed: Protego | None = None) -
     try:
         text = body.decode("utf-8-sig")
     except UnicodeDecodeError:
-        text, parsed = "\n".join(_utf8_lines(body.removeprefix(_BOM))), None
+        text, parsed = "\n".join(_utf8_lines(body.removeprefix(BOM_UTF8))), None
     if parsed is None:
         parsed = Protego.parse(text)
     return [url for named in parsed.sitemaps if (url := _absolute(base_url, named)) is not None]
