@@ -33,8 +33,9 @@ from tests.redis_server import LossyProxy, RedisServer, free_port, refused_port
 from vertical.frontier import Frontier, Lane, UnsuitableStore, check_store_uri, open_frontier
 from vertical.frontier.redis import RedisFrontier
 from vertical.frontier.sqlite import SQLiteFrontier
+from vertical.policies.estimate import CHANGEFREQ_KEY, LISTED_KEY
 from vertical.record import DUPLICATE, FETCHED, FORBIDDEN, GONE, NEW, TRAP, URLRecord
-from vertical.scheduler import lane_for
+from vertical.scheduler import keep_listed, lane_for
 from vertical.urls import fingerprint
 
 SITE = "movies"
@@ -321,6 +322,83 @@ def test_an_unfenced_save_stores_claims_as_given(frontier):
     assert frontier.get(SITE, copy.fingerprint) == copy
 
 
+def _note(lastmod: float) -> dict:
+    """A record's extra with a sitemap reading's date note."""
+    return {LISTED_KEY: [1, 0.0, lastmod]}
+
+
+def test_a_fenced_save_merges_with_the_stored_copy_it_replaces(frontier):
+    """``merge`` sees the copy stored when the save writes: a note a sitemap
+    reading put there while the record was held is carried over, in the
+    records accepted; records another owner holds are still rejected."""
+    frontier.add([rec(1), rec(2)])
+    mine = {r.fingerprint: r for r in claim(frontier, "a", limit=1)}
+    (theirs,) = claim(frontier, "b")
+    reading = [dataclasses.replace(r, extra={**_note(5 * DAY), CHANGEFREQ_KEY: "daily"})
+               for r in frontier.get_many(SITE, [rec(1).fingerprint, rec(2).fingerprint]).values()]
+    frontier.save_priorities(SITE, reading, (LISTED_KEY, CHANGEFREQ_KEY))
+    (held,) = mine.values()
+    held.visits, held.extra = 1, _note(3 * DAY)  # the fetch's copy, read before the note
+    seen: list[URLRecord] = []
+
+    def merge(record: URLRecord, stored: URLRecord) -> None:
+        seen.append(stored)
+        keep_listed(record, stored)
+
+    assert fps(frontier.save([held, dataclasses.replace(theirs, visits=9)], owner="a", merge=merge)) == fps([theirs])
+    stored = frontier.get(SITE, held.fingerprint)
+    assert (stored.visits, stored.extra) == (1, {**_note(5 * DAY), CHANGEFREQ_KEY: "daily"})
+    assert frontier.get(SITE, theirs.fingerprint).visits == 0
+    assert {r.fingerprint for r in seen} >= {held.fingerprint}
+    assert all(r.extra[LISTED_KEY][2] == 5 * DAY for r in seen)
+
+
+def test_no_note_is_lost_to_a_write_back_racing_the_readings(frontier):
+    """Two writers on their own connections, as two processes: one notes
+    ever later dates on the records (a sitemap reading), the other claims
+    and writes them back with ``merge`` (the commit). Each write-back must
+    leave in the store at least the last date noted before it returned,
+    since a reading's note landed either before the write's atomic step
+    (merged) or after it (on top). Written by a read and a save apart, a
+    note landing between the two went back to an older date."""
+    pages = [rec(i) for i in range(20)]
+    frontier.add(pages)
+    fps_ = [r.fingerprint for r in pages]
+    confirmed = [0]
+    done = threading.Event()
+
+    def note_dates() -> None:
+        with open_frontier(frontier.uri) as reader:
+            n = 0
+            while not done.is_set():
+                n += 1
+                copies = [dataclasses.replace(rec(i), extra=_note(float(n))) for i in range(20)]
+                reader.save_priorities(SITE, copies, (LISTED_KEY,))
+                confirmed[0] = n
+
+    behind: list[tuple[float, int]] = []
+    thread = threading.Thread(target=note_dates)
+    thread.start()
+    try:
+        with open_frontier(frontier.uri) as writer:
+            rounds = 0
+            while rounds < 150 or confirmed[0] < 50:
+                got = writer.claim_due(SITE, "w", NOW, 600, 20)
+                for r in got:
+                    r.visits += 1
+                assert writer.save(got, owner="w", merge=keep_listed) == []
+                before = confirmed[0]  # noted, all of them, before the save returned
+                stored = writer.get_many(SITE, fps_)
+                behind += [(r.extra[LISTED_KEY][2], before) for r in stored.values()
+                           if LISTED_KEY in r.extra and r.extra[LISTED_KEY][2] < before]
+                rounds += 1
+    finally:
+        done.set()
+        thread.join()
+    assert not behind, f"{len(behind)} notes went back, e.g. {behind[:3]}"
+    assert {r.visits for r in frontier.get_many(SITE, fps_).values()} == {rounds}
+
+
 # -- the outbox ------------------------------------------------------------------------
 
 
@@ -451,6 +529,52 @@ def test_redis_retries_after_a_lost_reply_keep_their_promises(redis_url, monkeyp
         lost = _lose_first_reply(monkeypatch, store, "_outbox_take")
         assert store.outbox_take(SITE, "t", 10) == [(10, "p1"), (11, "p2")]
         assert lost and store.outbox_count(SITE) == 2
+
+
+def test_redis_merges_a_save_again_over_a_writer_that_got_in_first(redis_url, monkeypatch):
+    """Redis merges a fenced save by compare-and-set: a reading that notes a
+    date between the read of the stored copy and the write makes the record
+    merged again and written, with its outbox rows once; the records the
+    other writer left alone go in the first step."""
+    with open_frontier(redis_url) as store, open_frontier(redis_url) as other:
+        store.add([rec(1), rec(2), rec(3)])
+        store.heartbeat(SITE, "a", 600, {})
+        held = sorted(claim(store, "a"), key=lambda r: r.fingerprint)
+        store.save([dataclasses.replace(held[0], claim_owner=None)], owner="a", release=False,
+                   outbox={held[0].fingerprint: [(1, "earlier")]})
+        script, calls, merged = store._save, [], []
+
+        def interfering(*args, **kwargs):
+            if not calls:
+                other.save_priorities(SITE, [dataclasses.replace(rec(2), extra=_note(7 * DAY))], (LISTED_KEY,))
+            calls.append(True)
+            return script(*args, **kwargs)
+
+        def merge(record: URLRecord, stored: URLRecord) -> None:
+            merged.append(record.fingerprint)
+            keep_listed(record, stored)
+
+        monkeypatch.setattr(store, "_save", interfering)
+        for r in held:
+            r.visits = 1
+        rows = {r.fingerprint: [(10 + i, f"p{i}")] for i, r in enumerate(held)}
+        assert store.save(held, owner="a", outbox=rows, outbox_done=[1], merge=merge) == []
+        assert len(calls) == 2 and Counter(merged) == Counter({rec(2).fingerprint: 2, **{
+            r.fingerprint: 1 for r in held if r.fingerprint != rec(2).fingerprint}})
+        stored = store.get_many(SITE, fps(held))
+        assert {r.visits for r in stored.values()} == {1} and {r.claim_owner for r in stored.values()} == {None}
+        assert stored[rec(2).fingerprint].extra == _note(7 * DAY)
+        store.forget_owner(SITE, "a")
+        assert sorted(p for _, p in store.outbox_take(SITE, "t", 10)) == ["p0", "p1", "p2"]
+        # A merged save whose reply was lost: the retry finds its own write
+        # (not another's) and reports nothing rejected.
+        monkeypatch.setattr(store, "_save", script)
+        store.add([rec(4, priority=9.0)])
+        (four,) = claim(store, "b", limit=1)
+        lost = _lose_first_reply(monkeypatch, store, "_save")
+        four.visits = 2
+        assert store.save([four], owner="b", merge=keep_listed) == [] and lost
+        assert store.get(SITE, four.fingerprint).visits == 2
 
 
 def test_redis_replies_lost_on_the_wire_keep_their_promises(redis_server, redis_url):

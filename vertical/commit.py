@@ -479,8 +479,8 @@ class FrontierCommit:
         """Write back ``records`` fenced on this process's claims, with what
         sitemap readings noted on them while they were held."""
         scheduler = self.scheduler
-        scheduler.keep_listed(records)
-        return scheduler.frontier.save(records, owner=owner, outbox=outbox, outbox_done=done)
+        return scheduler.frontier.save(records, owner=owner, outbox=outbox, outbox_done=done,
+                                       merge=scheduler.write_back_merge)
 
     async def _end(self, **kwargs: Any) -> None:
         """The feeds are closed (or there are none): drop the rows they now

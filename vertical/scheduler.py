@@ -163,6 +163,19 @@ def lane_for(site: SiteConfig, name: str | None) -> Lane:
     raise ValueError(f"unknown lane {name!r} (expected fast or slow)")
 
 
+def keep_listed(record: URLRecord, stored: URLRecord) -> None:
+    """Carry into ``record``, about to be written back, what a sitemap
+    reading noted on its ``stored`` copy while it was held for a fetch, by
+    this process or another (:meth:`FrontierScheduler.sitemap_entries`
+    writes only to the store): the date, where later than the one written
+    back, and the changefreq (which only a reading writes). Written over, a
+    date the page's sitemaps showed before its fetch was lost, and the next
+    reading of it brought the page back unchanged."""
+    keep_later_listed(record.extra, stored.extra)
+    if (changefreq := stored.extra.get(CHANGEFREQ_KEY)) is not None:
+        record.extra[CHANGEFREQ_KEY] = changefreq
+
+
 class FrontierScheduler(BaseScheduler):
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
@@ -1056,25 +1069,14 @@ class FrontierScheduler(BaseScheduler):
         """Was ``record`` handed out by this scheduler and not yet settled?"""
         return self._inflight.get(record.fingerprint) is record
 
-    def keep_listed(self, records: Sequence[URLRecord]) -> None:  # on the store thread
-        """Before the write-back of ``records``, claimed by this process:
-        the dates a sitemap reading noted on their stored copies meanwhile,
-        by this process or another (:meth:`sitemap_entries` writes only to
-        the store), kept where later than the copy written back, and the
-        changefreq a reading gave it (which only a reading writes). Written
-        over, a date the page's sitemaps showed before its fetch was lost,
-        and the next reading of it brought the page back unchanged. Not
-        for a site this process reads no sitemap of: its processes share
-        one config, and a read before every write-back costs about what the
-        write does."""
-        if not self._reads_sitemaps:
-            return
-        stored = self.frontier.get_many(self.site.name, [r.fingerprint for r in records])
-        for record in records:
-            if (copy := stored.get(record.fingerprint)) is not None:
-                keep_later_listed(record.extra, copy.extra)
-                if (changefreq := copy.extra.get(CHANGEFREQ_KEY)) is not None:
-                    record.extra[CHANGEFREQ_KEY] = changefreq
+    @property
+    def write_back_merge(self) -> Callable[[URLRecord, URLRecord], None] | None:
+        """What the write-back of a page claimed by this process keeps of
+        the stored copy it replaces (``Frontier.save``'s ``merge``), or
+        None: see :func:`keep_listed`. Not for a site this process reads no
+        sitemap of: its processes share one config, and the read of the
+        stored copies costs about what the write does."""
+        return keep_listed if self._reads_sitemaps else None
 
     def wake(self, host: str, state: str) -> Deferred[int]:
         """Make a host's records in a parked ``state`` due now (its

@@ -92,6 +92,14 @@ def merge_extra(stored: Mapping[str, Any], extra: Mapping[str, Any], keys: Itera
     return merged
 
 
+def by_site(records: Iterable[URLRecord]) -> dict[str, list[URLRecord]]:
+    """``records`` grouped by their site, in their order."""
+    grouped: dict[str, list[URLRecord]] = {}
+    for record in records:
+        grouped.setdefault(record.site, []).append(record)
+    return grouped
+
+
 def check_outbox(records: Sequence[URLRecord], owner: str | None,
                  outbox: Mapping[int, Sequence[tuple[int, str]]] | None, outbox_done: Sequence[int]) -> None:
     """Refuse an outbox request ``save`` could not honour, before anything
@@ -209,7 +217,8 @@ class Frontier(ABC):
     @abstractmethod
     def save(self, records: Sequence[URLRecord], *, release: bool = True, owner: str | None = None,
              outbox: Mapping[int, Sequence[tuple[int, str]]] | None = None,
-             outbox_done: Iterable[int] = ()) -> list[URLRecord]:
+             outbox_done: Iterable[int] = (),
+             merge: Callable[[URLRecord, URLRecord], object] | None = None) -> list[URLRecord]:
         """Write whole records, one atomic step per site; return the records
         it rejected (not written).
 
@@ -229,6 +238,17 @@ class Frontier(ABC):
         required) writes those rows of ``owner`` in the same step, for the
         accepted records only; ``outbox_done`` deletes these rows of
         ``owner`` in the same step.
+
+        ``merge(record, stored)`` (fenced saves only) is called with each
+        record and the stored copy it is about to replace, as part of the
+        atomic step, so that what another writer put on the stored copy
+        since ``record`` was read (a sitemap reading's note, written by
+        :meth:`save_priorities`) can be carried into ``record`` rather than
+        written over. It may change ``record`` in place and is called on the
+        caller's thread; it must not call the store. It may be called more
+        than once for one record, with newer copies (a backend that writes
+        by compare-and-set reads the copy again when another writer got in
+        first), so it must keep what an earlier call carried over.
         """
 
     @abstractmethod

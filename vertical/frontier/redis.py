@@ -109,7 +109,7 @@ from scrapy_redis import defaults as scrapy_redis_defaults
 from scrapy_redis.connection import get_redis
 
 from vertical.frontier.base import (ALL, Frontier, Lane, OwnerInfo, StoreLost, StoreUnavailable, UnsuitableStore,
-                                   check_outbox, merge_extra)
+                                   by_site, check_outbox, merge_extra)
 from vertical.record import PARKED_STATES, STATES, URLRecord
 
 logger = logging.getLogger(__name__)
@@ -1050,23 +1050,27 @@ return {till and num(till) or "", inserted, collided}
 """
 
 # ARGV: retry owner ("": unconditional) release nrec nrows,
-#   then nrec x (fp record lease), nrows x (fp row_id payload), then the row ids done.
-# Returns the 0-based indexes of the records rejected.
+#   then nrec x (fp record lease expected), nrows x (fp row_id payload), then the row ids done.
+#   `expected` ("": any) is the stored record the caller merged into its own.
+# Returns {the 0-based indexes of the records rejected, those not written
+#   because the stored record is no longer the one expected}.
 _SAVE = _LUA_COMMON + _LUA_INTACT + r"""
 local retry, owner, release = ARGV[5] == "1", ARGV[6], ARGV[7] == "1"
 local nrec, nrows = tonumber(ARGV[8]), tonumber(ARGV[9])
-local accepted, rejected = {}, {}
+local accepted, rejected, changed = {}, {}, {}
 local first = 10
 for k = 0, nrec - 1 do
-  local i = first + 3 * k
-  local fp, rec, own = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local i = first + 4 * k
+  local fp, rec, own, expected = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local old = rget(fp)
   local l = redis.call("HGET", LEASE, fp)
   -- Fenced: only while the owner holds the stored claim (a retried release
   -- finds its own write there, unclaimed).
   local ok = owner == "" or (l and lease_owner(l) == owner)
              or (retry and release and not l and old == rec)
-  if ok then
+  if ok and expected ~= "" and old ~= expected and old ~= rec then
+    changed[#changed + 1] = k
+  elseif ok then
     local oh = old and rhead(old)
     local h = rhead(rec)
     local was_held = leased(fp)
@@ -1089,13 +1093,13 @@ for k = 0, nrec - 1 do
     rejected[#rejected + 1] = k
   end
 end
-local rows = first + 3 * nrec
+local rows = first + 4 * nrec
 for k = 0, nrows - 1 do
   local i = rows + 3 * k
   if accepted[ARGV[i]] then redis.call("HSET", OUTBOX, owner .. SEP .. ARGV[i + 1], ARGV[i] .. ARGV[i + 2]) end
 end
 for i = rows + 3 * nrows, #ARGV do redis.call("HDEL", OUTBOX, owner .. SEP .. ARGV[i]) end
-return rejected
+return {rejected, changed}
 """
 
 # The record at fp gets next_fetch `now` (an index move unless it is held).
@@ -1592,13 +1596,6 @@ class RedisFrontier(Frontier):
             self._retry(lambda _: self.client.sadd(self._sites_key, site))
             self._registered.add(site)
 
-    @staticmethod
-    def _by_site(records: Sequence[URLRecord]) -> dict[str, list[URLRecord]]:
-        by_site: dict[str, list[URLRecord]] = {}
-        for record in records:
-            by_site.setdefault(record.site, []).append(record)
-        return by_site
-
     # -- hosts ------------------------------------------------------------------
     # Records name their host by a small number, given once per site.
 
@@ -1695,7 +1692,7 @@ class RedisFrontier(Frontier):
         if claim_owner is not None and SEP in claim_owner:
             raise ValueError(f"control character \\x1f in claim owner {claim_owner!r}")
         inserted: list[URLRecord] = []
-        for site, group in self._by_site(records).items():
+        for site, group in by_site(records).items():
             self._register(site)
             k = self._site(site)
             for chunk in _chunks(group):
@@ -1721,7 +1718,8 @@ class RedisFrontier(Frontier):
 
     def save(self, records: Sequence[URLRecord], *, release: bool = True, owner: str | None = None,
              outbox: Mapping[int, Sequence[tuple[int, str]]] | None = None,
-             outbox_done: Iterable[int] = ()) -> list[URLRecord]:
+             outbox_done: Iterable[int] = (),
+             merge: Callable[[URLRecord, URLRecord], object] | None = None) -> list[URLRecord]:
         done = list(outbox_done)
         check_outbox(records, owner, outbox, done)
         if not records:
@@ -1729,23 +1727,53 @@ class RedisFrontier(Frontier):
         if release:
             self._released(records)
         rejected: list[URLRecord] = []
-        for site, group in self._by_site(records).items():
+        for site, group in by_site(records).items():
             self._register(site)
             k = self._site(site)
-            args: list[Any] = ["" if owner is None else owner, "1" if release else "0", len(group), 0]
-            for r, packed in zip(group, self._packed(site, group)):
-                own = "" if owner is not None or r.claim_owner is None else _lease(r.claim_owner, r.claim_until)
-                args += [_FP.pack(r.fingerprint), packed, own]
-            rows = 0
-            for fp, fp_rows in (outbox or {}).items():
-                for row_id, payload in fp_rows:
-                    args += [_FP.pack(fp), str(int(row_id)), payload]
-                    rows += 1
-            args[3] = rows
-            args += [str(int(row_id)) for row_id in done]
-            indexes = self._retry(lambda retrying, a=args: self._run(self._save, k, ["1" if retrying else "0", *a]))
-            rejected += [group[i] for i in indexes]
+            pending, rows_done = group, done
+            while pending:
+                # Merged here, written by compare-and-set: a record another
+                # writer changed since it was read is read and merged again.
+                expected = self._merge_stored(site, k, pending, merge) if merge and owner is not None else None
+                args: list[Any] = ["" if owner is None else owner, "1" if release else "0", len(pending), 0]
+                for n, (r, packed) in enumerate(zip(pending, self._packed(site, pending))):
+                    own = "" if owner is not None or r.claim_owner is None else _lease(r.claim_owner, r.claim_until)
+                    args += [_FP.pack(r.fingerprint), packed, own, expected[n] if expected else b""]
+                rows = 0
+                for r in pending:
+                    for row_id, payload in (outbox or {}).get(r.fingerprint, ()):
+                        args += [_FP.pack(r.fingerprint), str(int(row_id)), payload]
+                        rows += 1
+                args[3] = rows
+                args += [str(int(row_id)) for row_id in rows_done]
+                refused, changed = self._retry(
+                    lambda retrying, a=args: self._run(self._save, k, ["1" if retrying else "0", *a]))
+                rejected += [pending[i] for i in refused]
+                pending, rows_done = [pending[i] for i in changed], []
         return rejected
+
+    def _merge_stored(self, site: str, k: _SiteKeys, records: Sequence[URLRecord],
+                      merge: Callable[[URLRecord, URLRecord], object]) -> list[bytes]:
+        """``merge`` each record with its stored copy; returns the copies as
+        stored (empty where there is none), for the write to compare."""
+        stored = self._read_packed(k, [_FP.pack(r.fingerprint) for r in records])
+        namer = self._host_namer(site, [old for old in stored if old is not None])
+        for record, old in zip(records, stored):
+            if old is not None:
+                merge(record, _decode(site, _FP.pack(record.fingerprint), old, None, namer))
+        return [b"" if old is None else old for old in stored]
+
+    def _read_packed(self, k: _SiteKeys, fps: Sequence[bytes]) -> list[bytes | None]:
+        """The stored records at ``fps``, packed, None where there is none."""
+        layout = self.layout()
+
+        def read(_: bool) -> list[bytes | None]:
+            pipe = self.client.pipeline(transaction=False)
+            for fp in fps:
+                pipe.hget(*layout.bucket(k.base, fp))
+            return pipe.execute()
+
+        return self._retry(read)
 
     def claim_due(self, site: str, owner: str, now: float, lease: float, limit: int,
                   lane: Lane = ALL, exclude_hosts: Sequence[str] = (),
@@ -1830,21 +1858,13 @@ class RedisFrontier(Frontier):
                         unfetched_only: bool = False) -> None:
         k = self._site(site)
         keys = list(extra_keys)
-        layout = self.layout()
         for chunk in _chunks(records):
             # Rewrite here, write by compare-and-set: a record another
             # process changed since it was read is read and merged again.
             pending = list(chunk)
             while pending:
                 fps = [_FP.pack(r.fingerprint) for r in pending]
-
-                def read(_: bool, f: Sequence[bytes] = fps) -> list[Any]:
-                    pipe = self.client.pipeline(transaction=False)
-                    for fp in f:
-                        pipe.hget(*layout.bucket(k.base, fp))
-                    return pipe.execute()
-
-                stored = self._retry(read)
+                stored = self._read_packed(k, fps)
                 found = [(r, fp, old) for r, fp, old in zip(pending, fps, stored) if old is not None]
                 namer = self._host_namer(site, [old for _, _, old in found])
                 args: list[Any] = []

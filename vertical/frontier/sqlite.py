@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from vertical.frontier.base import (ALL, Frontier, Lane, OwnerInfo, StoreLost, UnsuitableStore, check_outbox,
-                                   merge_extra)
+from vertical.frontier.base import (ALL, Frontier, Lane, OwnerInfo, StoreLost, UnsuitableStore, by_site,
+                                   check_outbox, merge_extra)
 from vertical.record import PARKED_STATES, URLRecord
 
 logger = logging.getLogger(__name__)
@@ -424,7 +424,8 @@ class SQLiteFrontier(Frontier):
 
     def save(self, records: Sequence[URLRecord], *, release: bool = True, owner: str | None = None,
              outbox: Mapping[int, Sequence[tuple[int, str]]] | None = None,
-             outbox_done: Iterable[int] = ()) -> list[URLRecord]:
+             outbox_done: Iterable[int] = (),
+             merge: Callable[[URLRecord, URLRecord], object] | None = None) -> list[URLRecord]:
         done = list(outbox_done)
         check_outbox(records, owner, outbox, done)
         if not records:
@@ -439,6 +440,18 @@ class SQLiteFrontier(Frontier):
         sql = _FENCED_RELEASE if release else _FENCED_KEEP
         rejected: list[URLRecord] = []
         with self._transaction() as db:
+            if merge is not None:
+                # Read under the write lock the save holds: nobody writes in between.
+                for group_site, group in by_site(records).items():
+                    for chunk in _chunks(group):
+                        stored = {row[1]: _row_to_record(row) for row in db.execute(
+                            f"SELECT {', '.join(_COLUMNS)} FROM urls WHERE site = ? "
+                            f"AND fp IN ({', '.join('?' * len(chunk))})",
+                            (group_site, *(r.fingerprint for r in chunk)),
+                        )}
+                        for record in chunk:
+                            if (copy := stored.get(record.fingerprint)) is not None:
+                                merge(record, copy)
             for record in records:
                 if not db.execute(sql, (*_data_row(record), record.site, record.fingerprint, owner)).rowcount:
                     rejected.append(record)
