@@ -635,10 +635,11 @@ class VerticalSpider(Spider):
             return errback(failure)
         return None
 
-    def _callback_failed(self, failure: Failure, response: Response, **kwargs: Any) -> None:
+    def _callback_failed(self, failure: Failure, response: Response | None, **kwargs: Any) -> None:
         """A callback raised (``spider_error``). The commit reschedules
         frontier pages; a second stage that raised fails its document here."""
-        page = response.meta.get(META_COMPOSITE)
+        # None when the error was the start's (no response to speak of).
+        page = response.meta.get(META_COMPOSITE) if response is not None else None
         if not isinstance(page, CompositePage):
             return
         self.crawler.stats.inc_value("vertical/spider_error")

@@ -307,6 +307,11 @@ def test_a_store_file_deleted_mid_crawl_ends_the_crawl_and_loses_nothing(tmp_pat
     ({"politeness": {"concurrency": "two"}}, "politeness.concurrency", "integer"),
     ({"folow": {"allow": ["/film/"]}}, "folow", "did you mean 'follow'"),
     ({"documents": [{"name": "film", "fields": {"t": "//h1"}}]}, "documents[0].match", "missing"),
+    # Once let through, to a traceback at the start (rc 0) or a division by zero at the first fit.
+    ({"start_urls": ["http://127.0.0.1:99999/"]}, "start_urls[0]", "invalid port"),
+    ({"refetch": {"max": 0}}, "refetch.max", "more than 0s"),
+    ({"refetch": {"schedule": "optimal", "probe": "false"}}, "refetch.probe", "true or false"),
+    ({"refetch": {"probe": False}}, "refetch.probe", "not a parameter of the schedule 'adaptive'"),
 ])
 def test_bad_config_stops_before_any_request(demo, tmp_path, override, key, problem):
     site = site_file(tmp_path, demo.url, **override)

@@ -88,6 +88,9 @@ def test_registries_and_factories():
         (lambda: make_priority("scent", delta=1), "delta"),
         (lambda: make_priority("opic", tax=2), "tax"),
         (lambda: make_priority("due", probes="no"), "probes must be true or false"),
+        (lambda: make_schedule("optimal", initial=1, min_delay=1, max_delay=2, probe="false"),
+         "probe must be true or false, not 'false'"),
+        (lambda: make_schedule("nutch", initial=1, min_delay=1, max_delay=2, dec_rate=1), "dec_rate must be from 0"),
     ],
 )
 def test_factories_reject_with_a_clear_message(call, message):
@@ -1583,8 +1586,9 @@ def test_the_probe_horizon_is_a_duration(value, seconds):
     assert OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, probe_horizon=value).probe_horizon == seconds
 
 
-@pytest.mark.parametrize(("value", "problem"), [("a year", "probe_horizon: not a duration"),
-                                                (0, "a positive probe_horizon"), (-1, "cannot be negative")])
+@pytest.mark.parametrize(("value", "problem"), [("a year", "probe_horizon is not a duration"),
+                                                (0, "probe_horizon must be more than 0s"),
+                                                (-1, "probe_horizon is not a duration: .*cannot be negative")])
 def test_a_bad_probe_horizon_is_named(value, problem):
     with pytest.raises(ValueError, match=problem):
         OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, probe_horizon=value)

@@ -65,6 +65,7 @@ def truth_films(demo: DemoServer) -> set[str]:
     ("VERTICAL_HEARTBEAT", "10s"),
     ("VERTICAL_TIME_OFFSET", "1e20"),  # a day later is the same float: every page fetched due again, for ever
     ("VERTICAL_METRICS_PORT", "99999"),
+    ("VERTICAL_FEED_DISCOVERY", "maybe"),  # Scrapy's getbool would raise mid-start, with a traceback
     ("REDIS_PARAMS", "{socket_timeout: 5}"),  # not JSON
     ("VERTICAL_DNS_SERVERS", "ns1.example.net"),  # Twisted Names needs an address: every lookup would fail
     ("VERTICAL_WARC_DIR", "/proc/warc"),  # no folder can be made there, even by root
@@ -92,7 +93,10 @@ def test_every_number_setting_of_the_project_has_a_range():
     numbers = {name for name, value in vars(project).items() if name.startswith("VERTICAL_")
                and isinstance(value, (int, float)) and not isinstance(value, bool)}
     assert numbers == set(scrapy_settings.NUMBERS)
-    scrapy_settings.check(Settings({"SCHEDULER": project.SCHEDULER, **{n: getattr(project, n) for n in numbers}}))
+    flags = {name for name, value in vars(project).items() if name.startswith("VERTICAL_") and isinstance(value, bool)}
+    assert flags == set(scrapy_settings.FLAGS)
+    scrapy_settings.check(Settings({"SCHEDULER": project.SCHEDULER,
+                                    **{n: getattr(project, n) for n in numbers | flags}}))
 
 
 # -- settings that work ----------------------------------------------------------------

@@ -32,6 +32,7 @@ from parsel.csstranslator import HTMLTranslator
 
 from vertical.durations import UNITS, parse_duration
 from vertical.policies import DEFAULT_PRIORITY, DEFAULT_SCHEDULE
+from vertical.urls import canonicalize
 
 __all__ = [
     "ConfigError",
@@ -622,10 +623,7 @@ class _SiteParser:
         urls = self.strings(value, "sitemaps")
         for i, url in enumerate(urls):
             path = _join("sitemaps", i) if isinstance(value, list) else "sitemaps"
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                self.fail(path, f"{url!r} is not an absolute http(s) URL")
-            if not host_allowed(parts.hostname, domains):
+            if not host_allowed(self.http_url(url, path), domains):
                 self.fail(path, f"{url!r} is outside allowed_domains ({', '.join(domains)})")
         return urls
 
@@ -634,10 +632,25 @@ class _SiteParser:
         if not urls:
             self.fail("start_urls", "must list at least one URL")
         for i, url in enumerate(urls):
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                self.fail(f"start_urls[{i}]", f"{url!r} is not an absolute http(s) URL")
+            self.http_url(url, f"start_urls[{i}]")
         return urls
+
+    def http_url(self, url: str, path: str) -> str:
+        """The host of ``url``, an absolute http(s) URL the crawl can
+        request (one it could not canonicalize, a port past 65535, a host
+        not a host, would otherwise fail the run's start or be dropped)."""
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+        except ValueError as exc:  # urlsplit's "Invalid IPv6 URL"
+            self.fail(path, f"{url!r} is not a URL: {exc}")
+        if parts.scheme not in ("http", "https") or not host:
+            self.fail(path, f"{url!r} is not an absolute http(s) URL")
+        try:
+            canonicalize(url)
+        except ValueError as exc:  # it names the URL
+            self.fail(path, str(exc))
+        return host
 
     def domains(self, value: Any, start_urls: tuple[str, ...]) -> tuple[str, ...]:
         # Bracketed IPv6 literals compare as urlsplit() gives hostnames: bare.
@@ -780,6 +793,8 @@ class _SiteParser:
         defaults = RefetchConfig()
         schedule = self.read(section, "refetch", "schedule", self.string, defaults.schedule)
         maximum = self.read(section, "refetch", "max", self.duration, defaults.max)
+        if maximum <= 0:
+            self.fail("refetch.max", "must be more than 0s: the longest a page waits for its next fetch")
         # Defaults give way to what the user did set: `max: 10m` alone is fine.
         minimum = self.read(section, "refetch", "min", self.duration, min(defaults.min, maximum))
         if minimum > maximum:
@@ -841,6 +856,8 @@ class _SiteParser:
         try:
             make(name, **base, **params)
         except (ValueError, TypeError) as exc:
+            if (param := getattr(exc, "param", None)) in params:  # a ParamError of one of the section's keys
+                self.fail(f"{section}.{param}", exc.problem)  # type: ignore[attr-defined]
             self.fail(path, str(exc))
 
     def politeness(self, data: dict[str, Any]) -> PolitenessConfig:

@@ -59,7 +59,7 @@ from scrapy.utils.misc import load_object
 
 from vertical.config import ConfigError
 
-__all__ = ["NUMBERS", "SETTINGS_FILE", "apply_jobdir", "bundled_suffix_list", "check"]
+__all__ = ["FLAGS", "NUMBERS", "SETTINGS_FILE", "apply_jobdir", "bundled_suffix_list", "check"]
 
 #: The "file" named by a :class:`ConfigError` about a Scrapy setting.
 SETTINGS_FILE = "<settings>"
@@ -109,6 +109,9 @@ NUMBERS: dict[str, tuple[type, str]] = {
     "VERTICAL_DNS_MIN_TTL": (float, "of 0 or more"),
 }
 
+#: vertical's own settings that are flags.
+FLAGS = ("VERTICAL_FEED_DISCOVERY",)
+
 
 def check(settings: Any) -> None:
     """Raise :class:`~vertical.config.ConfigError` (``<settings>: NAME:
@@ -133,6 +136,12 @@ def check(settings: Any) -> None:
         if not (math.isfinite(number) and _RANGES[limits](number)):
             noun = "a whole number" if kind is int else "a number"
             _refuse(name, f"must be {noun}{' ' + limits if limits else ''}, not {value!r}")
+    for name in FLAGS:
+        if (value := settings.get(name)) is not None:
+            try:
+                settings.getbool(name)
+            except ValueError:
+                _refuse(name, f"must be true or false (or 1 or 0), not {value!r}")
     for name, kind in (("VERTICAL_WARC_DIR", "folder"), ("VERTICAL_MIRROR_DIR", "folder"),
                        ("VERTICAL_STATS_FILE", "file")):
         if where := settings.get(name):

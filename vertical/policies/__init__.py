@@ -7,9 +7,14 @@ and the simulator (``python -m vertical.sim``) runs the very same classes.
 
 from __future__ import annotations
 
+import inspect
+import numbers
+import types
+import typing
+from functools import cache
 from typing import Any
 
-from vertical.policies.base import FetchSchedule, PriorityPolicy
+from vertical.policies.base import FetchSchedule, ParamError, PriorityPolicy
 from vertical.policies.priority import DuePriority, LevelPriority, OpicPriority, ScentPriority, UniformPriority
 from vertical.policies.refetch import AdaptiveSchedule, FixedSchedule, NutchSchedule, OptimalSchedule
 
@@ -19,6 +24,7 @@ __all__ = [
     "PRIORITIES",
     "SCHEDULES",
     "FetchSchedule",
+    "ParamError",
     "PriorityPolicy",
     "make_priority",
     "make_schedule",
@@ -46,6 +52,15 @@ def _make(kind: str, registry: dict[str, type], name: str, params: dict[str, Any
     cls = registry.get(name)
     if cls is None:
         raise ValueError(f"unknown {kind} {name!r} (known: {', '.join(sorted(registry))})")
+    # Checked against the constructors' annotations before they run: a YAML
+    # string "false" passed to bool() would be true, "abc" compared with a
+    # number would raise a TypeError that names no key.
+    hints = _param_types(cls)
+    for param, value in params.items():
+        if param not in hints:
+            raise ParamError(param, f"is not a parameter of the {kind} {name!r}")
+        if not _fits(value, hints[param]):
+            raise ParamError(param, f"must be {_describe(hints[param])}, not {value!r}")
     try:
         return cls(**params)
     except TypeError as exc:  # unknown or missing keyword: a config error, not a bug
@@ -65,3 +80,50 @@ def make_priority(name: str, **params: Any) -> PriorityPolicy:
     config's ``priority`` section). Raises :class:`ValueError` for an unknown
     name, an unknown parameter or a bad value."""
     return _make("priority", PRIORITIES, name, params)
+
+
+@cache
+def _param_types(cls: type) -> dict[str, Any]:
+    """The annotated keyword parameters of ``cls`` and of the constructors
+    it passes ``**params`` on to."""
+    hints: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if "__init__" in vars(klass):
+            init = vars(klass)["__init__"]
+            annotated = typing.get_type_hints(init)
+            for param in inspect.signature(init).parameters.values():
+                if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and param.name in annotated:
+                    hints[param.name] = annotated[param.name]
+    return hints
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    for option in _options(hint):
+        if option is type(None):
+            if value is None:
+                return True
+        elif option is bool:
+            if isinstance(value, bool):
+                return True
+        elif option is int:
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool) or \
+                    isinstance(value, float) and value.is_integer():
+                return True
+        elif option is float:
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value:
+                return True
+        elif option is str:
+            if isinstance(value, str):
+                return True
+        else:  # the constructor checks what has no simple type
+            return True
+    return False
+
+
+def _describe(hint: Any) -> str:
+    words = {type(None): "null", bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+    return " or ".join(words.get(option, str(option)) for option in _options(hint))

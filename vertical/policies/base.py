@@ -22,6 +22,16 @@ from vertical.policies.estimate import LISTED_KEY, dates_a_change, observe_liste
 from vertical.record import URLRecord
 
 
+class ParamError(ValueError):
+    """A policy's parameter ``param`` (a key of the site config's section)
+    that the policy cannot take, and why (``problem``)."""
+
+    def __init__(self, param: str, problem: str) -> None:
+        super().__init__(f"{param} {problem}")
+        self.param = param
+        self.problem = problem
+
+
 class FetchSchedule(ABC):
     """When is a page due again?
 

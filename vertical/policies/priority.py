@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from vertical.policies.base import PriorityPolicy
+from vertical.policies.base import ParamError, PriorityPolicy
 from vertical.policies.refetch import BROUGHT_KEY, CHECKING_KEY, PROBING_KEY
 from vertical.record import URLRecord
 
@@ -75,7 +75,7 @@ class DuePriority(PriorityPolicy):
     def __init__(self, levels: int = 1, probes: bool = True, **params: Any) -> None:
         super().__init__(**params)
         if not isinstance(probes, bool):
-            raise ValueError("due: probes must be true or false")
+            raise ParamError("probes", f"must be true or false, not {probes!r}")
         self.levels = int(levels)
         self.probes = probes
 
@@ -143,7 +143,7 @@ class ScentPriority(PriorityPolicy):
     def __init__(self, delta_s: float = DEFAULT_DELTA_S, initial: float = 10.0, **params: Any) -> None:
         super().__init__(**params)
         if delta_s < 0:
-            raise ValueError("scent: delta_s must not be negative")
+            raise ParamError("delta_s", f"must not be negative, not {delta_s!r}")
         self.delta_s = float(delta_s)
         self.initial = float(initial)
         self.step = 0
@@ -190,7 +190,7 @@ class OpicPriority(PriorityPolicy):
     def __init__(self, tax: float = 0.1, initial_cash: float = 1.0, **params: Any) -> None:
         super().__init__(**params)
         if not 0 <= tax <= 1:
-            raise ValueError("opic: tax must be between 0 and 1")
+            raise ParamError("tax", f"must be from 0 to 1, not {tax!r}")
         self.tax = float(tax)
         self.initial_cash = float(initial_cash)
         self.offset = 0.0  # credit per page handed out by the virtual page so far

@@ -24,7 +24,7 @@ from heapq import nlargest
 from typing import Any
 
 from vertical.durations import parse_duration
-from vertical.policies.base import FetchSchedule
+from vertical.policies.base import FetchSchedule, ParamError
 from vertical.policies.claims import CLAIM_KEY, CLAIMS_KEY, SitemapTruth, check_claim, note_claim
 from vertical.policies.estimate import (
     LISTED_KEY,
@@ -136,8 +136,11 @@ class NutchSchedule(FetchSchedule):
         **params: Any,
     ) -> None:
         super().__init__(initial, min_delay, max_delay, factor, **params)
-        if not (0 <= inc_rate and 0 <= dec_rate < 1 and 0 <= sync_delta_rate < 1):
-            raise ValueError("nutch: need inc_rate >= 0, 0 <= dec_rate < 1 and 0 <= sync_delta_rate < 1")
+        if inc_rate < 0:
+            raise ParamError("inc_rate", f"must not be negative, not {inc_rate!r}")
+        for param, rate in (("dec_rate", dec_rate), ("sync_delta_rate", sync_delta_rate)):
+            if not 0 <= rate < 1:
+                raise ParamError(param, f"must be from 0 up to (not including) 1, not {rate!r}")
         self.inc_rate = float(inc_rate)
         self.dec_rate = float(dec_rate)
         self.sync_delta = bool(sync_delta)
@@ -274,23 +277,24 @@ class OptimalSchedule(FetchSchedule):
         **params: Any,
     ) -> None:
         super().__init__(initial, min_delay, max_delay, factor, **params)
-        if families < 0 or family_depth < 1 or family_weight < 0 or family_sample < 1:
-            raise ValueError("optimal: need families >= 0, family_depth >= 1, family_weight >= 0, family_sample >= 1")
+        for param, value, least in (("families", families, 0), ("family_depth", family_depth, 1),
+                                    ("family_weight", family_weight, 0), ("family_sample", family_sample, 1),
+                                    ("probe_after", probe_after, 1), ("prior_weight", prior_weight, 0)):
+            if value < least:
+                raise ParamError(param, f"must be {least} or more, not {value!r}")
         if probe_horizon is not None:  # a duration, as the site config's other delays ("365d")
             try:
                 probe_horizon = parse_duration(probe_horizon)
             except ValueError as exc:
-                raise ValueError(f"optimal: probe_horizon: {exc}") from None
-        if probe_after < 1 or probe_horizon == 0:
-            raise ValueError("optimal: need probe_after >= 1 and a positive probe_horizon")
-        if prior_weight < 0:
-            raise ValueError("optimal: prior_weight must not be negative")
+                raise ParamError("probe_horizon", f"is not a duration: {exc}") from None
+            if probe_horizon <= 0:
+                raise ParamError("probe_horizon", "must be more than 0s")
         if not 0 < max_share <= 1:
-            raise ValueError("optimal: max_share must be in (0, 1]")
+            raise ParamError("max_share", f"must be more than 0 and at most 1, not {max_share!r}")
         self.last_modified = bool(last_modified)
         self.per_host = bool(per_host)
         if lastmod_due not in ("worth", "always", "never"):
-            raise ValueError("optimal: lastmod_due must be worth, always or never")
+            raise ParamError("lastmod_due", f"must be worth, always or never, not {lastmod_due!r}")
         self.lastmod_due = lastmod_due
         self.probe = bool(probe)
         self.probe_horizon = probe_horizon
@@ -325,10 +329,10 @@ class OptimalSchedule(FetchSchedule):
         self.prior_weight = w
         self.hub_level = int(hub_level)
         if hub_changes <= 0:
-            raise ValueError("optimal: hub_changes must be positive")
+            raise ParamError("hub_changes", f"must be more than 0, not {hub_changes!r}")
         self.hub_changes = float(hub_changes)
         if not isinstance(population, bool):
-            raise ValueError("optimal: population must be true or false")
+            raise ParamError("population", f"must be true or false, not {population!r}")
         self.mu = float(mu) if mu is not None else base * marginal_gain(1.0)
         # Rates from a tenth of the slowest refetch (slower is as good as
         # static) to ten times the fastest (faster cannot be chased anyway).
