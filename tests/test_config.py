@@ -372,6 +372,8 @@ def doc(**overrides):
          "is not a parameter of the schedule 'adaptive'"),
         ({**START, "start_urls": ["http://[::1/"]}, "start_urls[0]", "is not a URL: Invalid IPv6 URL"),
         ({**START, "start_urls": ["http://127.0.0.1:99999/"]}, "start_urls[0]", "invalid port in"),
+        ({**START, "start_urls": ["http://u:p@example.com/"]}, "start_urls[0]", "user name"),
+        ({**START, "refetch": {"factor": float("nan")}}, "refetch.factor", "more than 1 and finite, not nan"),
         ({**START, "sitemaps": ["http://example.com:99999/sitemap.xml"]}, "sitemaps[0]", "invalid port in"),
         ({**START, "refetch": ["1d"]}, "refetch", "must be a mapping"),
         ({**START, "refetch": {"intial": "1d"}}, "refetch.intial", "did you mean 'initial'?"),

@@ -646,6 +646,8 @@ class _SiteParser:
             self.fail(path, f"{url!r} is not a URL: {exc}")
         if parts.scheme not in ("http", "https") or not host:
             self.fail(path, f"{url!r} is not an absolute http(s) URL")
+        if parts.username is not None:
+            self.fail(path, f"{url!r} has a user name in it, which Scrapy cannot request")
         try:
             canonicalize(url)
         except ValueError as exc:  # it names the URL
@@ -805,8 +807,8 @@ class _SiteParser:
         elif not minimum <= initial <= maximum:
             self.fail("refetch.initial", f"{initial:g}s is outside refetch.min..max ({minimum:g}s..{maximum:g}s)")
         factor = self.read(section, "refetch", "factor", self.number, defaults.factor)
-        if factor <= 1:
-            self.fail("refetch.factor", f"must be more than 1, not {factor:g}")
+        if not 1 < factor < math.inf:
+            self.fail("refetch.factor", f"must be more than 1 and finite, not {factor:g}")
         budget = self.read(section, "refetch", "budget", self.budget, None)
         ahead = self.read(section, "refetch", "ahead", self.duration, defaults.ahead)
         params = {k: v for k, v in section.items() if k not in known}

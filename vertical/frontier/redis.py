@@ -1763,18 +1763,6 @@ class RedisFrontier(Frontier):
                 merge(record, _decode(site, _FP.pack(record.fingerprint), old, None, namer))
         return [b"" if old is None else old for old in stored]
 
-    def _read_packed(self, k: _SiteKeys, fps: Sequence[bytes]) -> list[bytes | None]:
-        """The stored records at ``fps``, packed, None where there is none."""
-        layout = self.layout()
-
-        def read(_: bool) -> list[bytes | None]:
-            pipe = self.client.pipeline(transaction=False)
-            for fp in fps:
-                pipe.hget(*layout.bucket(k.base, fp))
-            return pipe.execute()
-
-        return self._retry(read)
-
     def claim_due(self, site: str, owner: str, now: float, lease: float, limit: int,
                   lane: Lane = ALL, exclude_hosts: Sequence[str] = (),
                   fetched_before: float | None = None, planned: bool = False) -> list[URLRecord]:
@@ -2001,6 +1989,8 @@ class RedisFrontier(Frontier):
         return found
 
     def _read_packed(self, k: _SiteKeys, fps: Sequence[bytes], lease: bool = False) -> list[Any]:
+        """The stored records at ``fps``, packed (None where there is none),
+        then, with ``lease``, their leases read in the same step."""
         layout = self.layout()
 
         def read(_: bool) -> list[Any]:
