@@ -45,8 +45,9 @@ from vertical.extract import FieldError, Record, as_page, extract_records, follo
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut, last_read,
-                               read_sitemap, reading_lease, sitemap_body, sitemap_max_size, sitemap_wanted)
+from vertical.sitemaps import (FAILED_RETRY, META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut,
+                               last_read, read_sitemap, reading_lease, retry_after, sitemap_body, sitemap_max_size,
+                               sitemap_wanted)
 from vertical.urls import as_requested, canonicalize, host_of
 
 if TYPE_CHECKING:
@@ -334,12 +335,17 @@ class VerticalSpider(Spider):
                             self.crawler.stats.inc_value("vertical/sitemap/read_elsewhere")
                             elsewhere_now.append(url)
                         continue
-                    # Read lately by another process or run: not asked for
-                    # again before its time. An index's sitemaps may not
-                    # have been (its process killed since).
-                    self.crawler.stats.inc_value("vertical/sitemap/read_lately")
-                    if read is not None and read < now:
-                        self._sitemaps[url] = read
+                    if (retry := retry_after(reading, min_age)) is not None and retry > now:
+                        # Failed lately: asked for again once its wait is over.
+                        self.crawler.stats.inc_value("vertical/sitemap/failed_lately")
+                        self._sitemaps[url] = min(now, retry - ttl)
+                    else:
+                        # Read lately by another process or run: not asked
+                        # for again before its time.
+                        self.crawler.stats.inc_value("vertical/sitemap/read_lately")
+                        if read is not None and read < now:
+                            self._sitemaps[url] = read
+                    # An index's sitemaps may not have been read (its process killed since).
                     listed.extend(reading.get("children", ()))
                     continue
                 # Direct: served before frontier URLs, never stored; the entries are.
@@ -501,8 +507,11 @@ class VerticalSpider(Spider):
         request = failure.request  # type: ignore[attr-defined]
         logger.warning("Sitemap not fetched: %s (%s)", request.url, failure.getErrorMessage())
         self.crawler.stats.inc_value("vertical/sitemap/failed")
-        # Not asked for again before its time either (a lasting 404 is no reason to).
-        self._scheduler.sitemap_read(as_requested(request), request.meta[META_SITEMAP][1])
+        url, began = as_requested(request), request.meta[META_SITEMAP][1]
+        # Asked for again in its wait after a failure, not a whole TTL later
+        # (the store's record may say to wait longer: failures in a row).
+        self._sitemaps[url] = began + FAILED_RETRY - self.sitemap_ttl
+        self._scheduler.sitemap_read(url, began, failed=True)
 
     def request_for(self, record: URLRecord, template: Request | None = None) -> Request:
         """The request that fetches a frontier record (called by the scheduler).

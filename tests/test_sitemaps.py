@@ -42,6 +42,7 @@ from vertical.sitemaps import (
     lastmod_time,
     read_sitemap,
     reading_done,
+    retry_after,
     robots_sitemaps,
     sitemap_body,
     take_reading,
@@ -480,8 +481,31 @@ def test_the_reading_of_a_sitemap_is_leased_to_one_process_at_a_time():
     # A reading that ends late neither sets the clock back nor ends another's lease.
     late = reading_done(again, "a", 90.0)
     assert late["read"] == 100.0 and granted(late, "b") == 150.0
-    # A failed reading (no 200) keeps the validators of the last good one.
+    # A reading with no 200 (a 404) keeps the validators of the last good one.
     assert reading_done(again, "b", 150.0)["validators"] == validators
+
+
+def test_a_sitemap_whose_reading_failed_is_asked_for_again_sooner():
+    """A reading that failed (no answer, or a 5xx after Scrapy's retries) is
+    no reading made: its sitemap is asked for again an hour after it, two
+    after a second failure in a row, and so on, never later than after a
+    reading made (``min_age``); a reading made ends the count."""
+    hour, day = 3600.0, 86400.0
+    made = reading_done(take_reading(None, "a", 0.0, day / 2, 600), "a", 0.0, {"ETag": '"x"'})
+    failed = reading_done(take_reading(made, "a", day, day / 2, 600), "a", day, failed=True)
+    assert failed["read"] == 0.0 and failed["failed"] == [1, day] and "lease" not in failed
+    assert failed["validators"] == {"ETag": '"x"'}  # the next reading is still conditional
+    assert retry_after(failed, day / 2) == day + hour
+    assert granted(take_reading(failed, "b", day + hour - 1, day / 2, 600), "b") is None
+    again = take_reading(failed, "b", day + hour, day / 2, 600)
+    assert granted(again, "b") == day + hour
+    twice = reading_done(again, "b", day + hour, failed=True)
+    assert twice["failed"] == [2, day + hour] and retry_after(twice, day / 2) == day + 3 * hour
+    many = {**twice, "failed": [9, day]}
+    assert retry_after(many, day / 2) == day + day / 2  # 256 hours, capped by a reading's wait
+    assert retry_after(many, 0.0) == day  # VERTICAL_SITEMAP_TTL = 0: once a run, failed or not
+    assert "failed" not in reading_done(take_reading(twice, "a", 2 * day, day / 2, 600), "a", 2 * day)
+    assert retry_after(made, day / 2) is None
 
 
 def test_runs_and_processes_share_their_sitemap_readings(tmp_path, frontier_uri):
@@ -1076,7 +1100,7 @@ def test_a_pages_changefreq_is_noted_for_the_schedule_and_kept_through_its_fetch
 def test_a_sitemap_waits_as_pages_do_while_robots_txt_is_unreachable(tmp_path):
     """robots.txt answers 503: the host's rules are unknown (RFC 9309), so
     neither its pages nor its sitemap are fetched; the reading fails, to be
-    made again in its time. Scrapy's robots.txt middleware lets every request
+    made again an hour later. Scrapy's robots.txt middleware lets every request
     through after a failed robots.txt."""
     pages = {"/robots.txt": (503, b"User-agent: *\nDisallow: /\n"), "/": (200, html()),
              "/s.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
@@ -1087,6 +1111,30 @@ def test_a_sitemap_waits_as_pages_do_while_robots_txt_is_unreachable(tmp_path):
         log = set(server.log)
     assert log == {"/robots.txt"}, log
     assert result.stat("vertical/sitemap/failed") == 1
+
+
+def test_a_sitemap_that_failed_is_read_again_an_hour_later_not_half_a_day(tmp_path):
+    """The sitemap answers 500 (after Scrapy's two retries) at run 1: the
+    reading failed, and its pages are unknown. A run half an hour later
+    leaves it (``failed_lately``); one an hour and a minute later reads it,
+    where it waited for half a TTL (12 hours) as if it had been read."""
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/news/a": (200, html()),
+             "/s.xml": (500, b"busy")}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"])
+        store = tmp_path / "f.sqlite3"
+        first = crawl(site, store, tmp_path, tag="1")
+        assert first.stat("vertical/sitemap/failed") == 1
+        assert server.log.count("/s.xml") == 3 and "/news/a" not in server.log
+        pages["/s.xml"] = (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                b"<url><loc>/news/a</loc></url></urlset>")
+        server.log.clear()
+        soon = crawl(site, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": 1800})
+        assert soon.stat("vertical/sitemap/failed_lately") == 1 and "/s.xml" not in server.log
+        later = crawl(site, store, tmp_path, tag="3", settings={"VERTICAL_TIME_OFFSET": 3660})
+        log = list(server.log)
+    assert not later.stat("vertical/sitemap/failed_lately") and not later.stat("vertical/sitemap/read_lately")
+    assert log.count("/s.xml") == 1 and "/news/a" in log, log
 
 
 def test_a_run_that_reaches_its_time_leaves_the_sitemaps_it_has_not_read(tmp_path):

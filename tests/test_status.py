@@ -160,18 +160,21 @@ def test_format_duration():
 
 def test_the_sitemaps_a_sites_crawls_read():
     """From the site's meta: sitemaps read, one of them being read again
-    now, one asked for and never read to the end (its process killed)."""
+    now, one asked for and never read to the end (its process killed), one
+    whose two last readings failed."""
     meta = {"budget": {"per_day": 10},
             "sitemap http://a.example/index.xml": {"read": NOW - 5 * HOUR, "children": ["http://a.example/1.xml"]},
             "sitemap http://a.example/1.xml": {"read": NOW - 2 * HOUR, "lease": ["box:1:aa", NOW + 500, NOW - 100]},
-            "sitemap http://a.example/2.xml": {"lease": ["box:2:bb", NOW - 60, NOW - 660]}}
+            "sitemap http://a.example/2.xml": {"lease": ["box:2:bb", NOW - 60, NOW - 660]},
+            "sitemap http://a.example/3.xml": {"read": NOW - 9 * HOUR, "failed": [2, NOW - HOUR]}}
     maps = sitemap_summary(readings(meta), NOW)
-    assert maps == {"count": 3, "never": 1, "oldest": NOW - 5 * HOUR, "newest": NOW - 2 * HOUR, "reading": 1}
+    assert maps == {"count": 4, "never": 1, "oldest": NOW - 9 * HOUR, "newest": NOW - 2 * HOUR, "reading": 1,
+                    "failing": 1}
     assert sitemap_summary(readings({"budget": {}}), NOW) is None
     summary = summarize(fixture_records(), NOW, sitemaps={"movies": maps})
     assert summary["movies"]["sitemaps"] == maps and "sitemaps" not in summary["books"]
-    assert "  sitemaps: 3, read 2h ago (the least lately 5h ago); 1 being read; 1 never read to the end\n" \
-        in render(summary, NOW)
+    assert ("  sitemaps: 4, read 2h ago (the least lately 9h ago); 1 being read; 1 never read to the end; "
+            "1 failed at their last reading\n") in render(summary, NOW)
     # And what fetches said of their lastmods: 8 pages claimed changed, found unchanged.
     truth = SitemapTruth()
     for _ in range(8):
@@ -179,10 +182,10 @@ def test_the_sitemaps_a_sites_crawls_read():
     maps = sitemap_summary(readings(meta), NOW, truth.state())
     assert maps["lastmods"]["checked"] == 8 and maps["lastmods"]["truthful"] < 0.05
     assert sitemap_summary(readings(meta), NOW, SitemapTruth().state()).keys() == {
-        "count", "never", "oldest", "newest", "reading"}
+        "count", "never", "oldest", "newest", "reading", "failing"}
     text = render(summarize(fixture_records(), NOW, sitemaps={"movies": maps}), NOW)
-    assert f"1 never read to the end; lastmods checked on 8 pages, {100 * maps['lastmods']['truthful']:.0f}% tell" \
-        in text
+    share = 100 * maps["lastmods"]["truthful"]
+    assert f"1 failed at their last reading; lastmods checked on 8 pages, {share:.0f}% tell" in text
 
 
 def scrapy(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -934,15 +934,18 @@ class FrontierScheduler(BaseScheduler):
         return self._sitemap_settled(self._call(named), "robots.txt sitemaps", {})
 
     def sitemap_read(self, url: str, began: float, validators: Mapping[str, str] | None = None,
-                     children: Sequence[str] | None = None, after: Deferred[Any] | None = None) -> Deferred[Any]:
+                     children: Sequence[str] | None = None, after: Deferred[Any] | None = None,
+                     failed: bool = False) -> Deferred[Any]:
         """This process's reading of sitemap ``url``, begun at ``began`` (the
         time its lease was taken), is over once ``after`` (its
         :meth:`sitemap_entries`) has fired and the pages it discovered are
         stored: then its record says so, with the ``validators`` and
-        ``children`` of a 200 (see :func:`~vertical.sitemaps.reading_done`).
-        A crawl killed before then leaves the reading to be made again."""
+        ``children`` of a 200, or that it ``failed`` (see
+        :func:`~vertical.sitemaps.reading_done`). A crawl killed before then
+        leaves the reading to be made again."""
         site, key = self.site.name, reading_key(url)
-        rule = partial(reading_done, owner=self.owner, began=began, validators=validators, children=children)
+        rule = partial(reading_done, owner=self.owner, began=began, validators=validators, children=children,
+                       failed=failed)
         self._sitemap_calls += 1
         d = succeed(None) if after is None else after.addBoth(lambda _: self.flush_discovered())
         d.addCallback(lambda _: self._call(self.frontier.update_meta, site, key, rule))

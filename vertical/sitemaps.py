@@ -53,10 +53,11 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["META_SITEMAP", "ROBOTS_SITEMAPS_KEY", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE", "SitemapEntry",
-           "feed_links", "granted", "gzip_cut", "last_read", "lastmod_time", "read_feed", "read_sitemap",
-           "read_text", "reading_done", "reading_key", "reading_lease", "readings", "robots_named",
-           "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted", "take_reading"]
+__all__ = ["FAILED_RETRY", "META_SITEMAP", "ROBOTS_SITEMAPS_KEY", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE",
+           "SitemapEntry", "feed_links", "granted", "gzip_cut", "last_failed", "last_read", "lastmod_time",
+           "read_feed", "read_sitemap", "read_text", "reading_done", "reading_key", "reading_lease", "readings",
+           "retry_after", "robots_named", "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted",
+           "take_reading"]
 
 #: (absolute URL, lastmod as a UNIX timestamp or None, changefreq or None)
 SitemapEntry = tuple[str, float | None, str | None]
@@ -576,6 +577,13 @@ def robots_named(stored: Any, robots: str | None = None, urls: Sequence[str] = (
     return named
 
 
+#: How long after a reading that failed its sitemap is asked for again
+#: (doubled at each failure in a row, up to the wait after a reading made):
+#: a server error at one run should not hide a day of new pages.
+#: StormCrawler waits two hours after a fetch error.
+FAILED_RETRY = 3600.0
+
+
 def reading_key(url: str) -> str:
     """The site meta key of sitemap ``url``'s reading record."""
     return _READING + url
@@ -595,17 +603,41 @@ def last_read(record: Mapping[str, Any]) -> float | None:
     return float(read) if isinstance(read, (int, float)) else None
 
 
+def last_failed(record: Mapping[str, Any]) -> tuple[int, float] | None:
+    """How many readings in a row failed, and when the last of them began,
+    from a sitemap's reading record; None when the last reading did not fail."""
+    failed = record.get("failed")
+    if isinstance(failed, list) and len(failed) == 2:
+        return int(failed[0]), float(failed[1])
+    return None
+
+
+def retry_after(record: Mapping[str, Any], min_age: float) -> float | None:
+    """When a sitemap whose last reading failed may be asked for again:
+    :data:`FAILED_RETRY` after it, doubled at each failure in a row, and
+    never later than a reading would wait (``min_age``). None when the last
+    reading did not fail."""
+    failed = last_failed(record)
+    if failed is None:
+        return None
+    count, at = failed
+    return at + min(min_age, FAILED_RETRY * 2.0 ** min(max(count, 1) - 1, 30))
+
+
 def take_reading(stored: Any, owner: str, now: float, min_age: float, lease: float,
                  live: Collection[str] | None = None) -> dict[str, Any]:
     """The reading record after ``owner`` asks at ``now`` to read the sitemap:
     leased to it for ``lease`` seconds (see :func:`granted`) unless it was
-    read less than ``min_age`` seconds ago or another owner's lease runs. A
-    lease whose owner is not among the ``live`` processes (when known: those
+    read less than ``min_age`` seconds ago, its last reading failed too
+    lately (:func:`retry_after`) or another owner's lease runs. A lease
+    whose owner is not among the ``live`` processes (when known: those
     whose heartbeat runs) is void: its reading died with its process. For
     the store's ``update_meta``."""
     record = dict(stored) if isinstance(stored, dict) else {}
     read = last_read(record)
     if read is not None and now - read < min_age:
+        return record
+    if (retry := retry_after(record, min_age)) is not None and now < retry:
         return record
     held = reading_lease(record)
     if held is not None and held[0] != owner and held[1] > now and (live is None or held[0] in live):
@@ -631,14 +663,21 @@ def granted(record: Mapping[str, Any], owner: str) -> float | None:
 
 
 def reading_done(stored: Any, owner: str, began: float, validators: Mapping[str, str] | None = None,
-                 children: Sequence[str] | None = None) -> dict[str, Any]:
-    """The reading record once ``owner``'s reading begun at ``began`` is over
-    (its entries stored, or it failed: a sitemap that fails is not asked for
-    again before its time either): its lease ends, and a 200 leaves its
-    ``validators`` and, for an index, its ``children``. For ``update_meta``."""
+                 children: Sequence[str] | None = None, failed: bool = False) -> dict[str, Any]:
+    """The reading record once ``owner``'s reading begun at ``began`` is over:
+    its lease ends, and a 200 leaves its ``validators`` and, for an index,
+    its ``children``. A reading that ``failed`` (no answer, or an error
+    after Scrapy's retries) is counted, and the sitemap asked for again
+    sooner than one read (:func:`retry_after`); any other answer, a 404
+    included, is a reading made. For ``update_meta``."""
     record = dict(stored) if isinstance(stored, dict) else {}
-    read = last_read(record)
-    record["read"] = began if read is None else max(began, read)
+    if failed:
+        count = (last_failed(record) or (0, 0.0))[0]
+        record["failed"] = [count + 1, began]
+    else:
+        read = last_read(record)
+        record["read"] = began if read is None else max(began, read)
+        record.pop("failed", None)
     held = reading_lease(record)
     if held is not None and held[0] == owner:
         del record["lease"]

@@ -58,7 +58,7 @@ from vertical.budget import format_fetches
 from vertical.policies.claims import SitemapTruth
 from vertical.policies.estimate import cho_irregular, counts
 from vertical.record import STATES, TRAP, URLRecord
-from vertical.sitemaps import reading_lease
+from vertical.sitemaps import last_failed, reading_lease
 
 __all__ = ["format_duration", "render", "sitemap_summary", "summarize"]
 
@@ -149,7 +149,8 @@ def sitemap_summary(readings: Mapping[str, Mapping[str, Any]], now: float,
     (:func:`vertical.sitemaps.readings`; times on the crawl's clock, as
     ``now``): ``count``, ``never`` (asked for, never read to the end),
     ``oldest`` and ``newest`` (when the least and the most recently read
-    were last read), ``reading`` (leased now: being read). With ``truth``
+    were last read), ``reading`` (leased now: being read), ``failing``
+    (their last reading failed: asked for again sooner). With ``truth``
     (the state of the schedule's :class:`~vertical.policies.claims.SitemapTruth`)
     once fetches checked lastmods: ``lastmods``, the pages ``checked`` and
     the share of pages whose lastmod tells their changes (``truthful``).
@@ -159,7 +160,8 @@ def sitemap_summary(readings: Mapping[str, Mapping[str, Any]], now: float,
     read = [r["read"] for r in readings.values() if isinstance(r.get("read"), (int, float))]
     reading = sum((lease := reading_lease(r)) is not None and lease[1] > now for r in readings.values())
     summary = {"count": len(readings), "never": len(readings) - len(read), "oldest": min(read, default=None),
-               "newest": max(read, default=None), "reading": reading}
+               "newest": max(read, default=None), "reading": reading,
+               "failing": sum(last_failed(r) is not None for r in readings.values())}
     if truth is not None and (learned := SitemapTruth.from_state(truth)).pages:
         summary["lastmods"] = {"checked": int(learned.pages), "truthful": round(learned.share, 3)}
     return summary
@@ -278,6 +280,8 @@ def _sitemaps(maps: dict[str, Any], now: float) -> str:
         text += f"; {maps['reading']} being read"
     if maps["never"]:
         text += f"; {maps['never']} never read to the end"
+    if maps.get("failing"):
+        text += f"; {maps['failing']} failed at their last reading"
     if lastmods := maps.get("lastmods"):
         text += (f"; lastmods checked on {lastmods['checked']} pages,"
                  f" {100 * lastmods['truthful']:.0f}% tell their changes")
