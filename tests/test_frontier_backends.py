@@ -577,6 +577,36 @@ def test_redis_merges_a_save_again_over_a_writer_that_got_in_first(redis_url, mo
         assert store.get(SITE, four.fingerprint).visits == 2
 
 
+def test_redis_a_retried_save_reports_what_the_lost_call_did(redis_url, monkeypatch):
+    """The reply to a fenced save that released its record is lost, and a
+    sitemap reading notes a date on the record before the retry: the retry
+    finds neither the claim nor its own write as it was, yet must not call
+    the record rejected (its outbox row is written: the commit would leave
+    it for another process to emit again). The call's ticket says what it did."""
+    with open_frontier(redis_url) as store, open_frontier(redis_url) as other:
+        store.add([rec(1)])
+        store.heartbeat(SITE, "a", 600, {})
+        (held,) = claim(store, "a")
+        script = store._save
+
+        def lost_then_noted(*args, **kwargs):
+            result = script(*args, **kwargs)
+            if not noted:
+                noted.append(True)
+                other.save_priorities(SITE, [dataclasses.replace(rec(1), extra=_note(7 * DAY))], (LISTED_KEY,))
+                raise redis.ConnectionError("reply lost")
+            return result
+
+        noted: list[bool] = []
+        monkeypatch.setattr(store, "_save", lost_then_noted)
+        held.visits = 5
+        assert store.save([held], owner="a", outbox={held.fingerprint: [(1, "p1")]}, merge=keep_listed) == []
+        stored = store.get(SITE, held.fingerprint)
+        assert noted and (stored.visits, stored.extra, stored.claim_owner) == (5, _note(7 * DAY), None)
+        store.outbox_drop(SITE, "a", [1])  # what the commit does with the row of a record written
+        assert store.outbox_count(SITE) == 0
+
+
 def test_redis_replies_lost_on_the_wire_keep_their_promises(redis_server, redis_url):
     """The promises above, with replies really lost between the server and
     a client made as a crawl makes it (scrapy-redis's parameters): a script

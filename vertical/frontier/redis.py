@@ -17,7 +17,7 @@ site's keys live in one slot and every script touches one slot only)::
     vertical:{site}:meta        hash  key -> JSON value
     vertical:{site}:owners      hash  owner -> "alive_until\\x1finfo JSON" (heartbeats)
     vertical:{site}:outbox      hash  "owner\\x1frow_id" -> fp + payload (undelivered items)
-    vertical:{site}:ticket:<id> string  what one claim or update_meta call did, for its retries
+    vertical:{site}:ticket:<id> string  what one claim, save or update_meta call did, for its retries
                                         (kept for a lease, or the patience)
     vertical:sites              set   site names (for sites() and count())
     vertical:layout             hash  version, bucket_bits, slot_seconds of the store
@@ -78,11 +78,11 @@ one has, the next ones try once until Redis answers again. The waits block
 the calling thread, which in a crawl is never the reactor: every store call runs on the crawl's store thread
 (:mod:`vertical.frontier.worker`). The client's own retries are off: a call
 whose reply was lost (the script ran) is retried here, as a retry. A
-retried write does what the lost one did, once: an insert or a fenced save
-finds its own write, an outbox take returns the rows it had moved, a claim
-the records it had leased and ``update_meta`` finds its write done (both
-by the call's ticket). Only ``reap`` may then not report the owners it
-reaped.
+retried write does what the lost one did, once: an insert finds its own
+write, an outbox take returns the rows it had moved, and a claim the
+records it had leased, a save what it accepted and ``update_meta`` its
+write done (these three by the call's ticket). Only ``reap`` may then not
+report the owners it reaped.
 """
 
 from __future__ import annotations
@@ -1049,16 +1049,25 @@ end
 return {till and num(till) or "", inserted, collided}
 """
 
-# ARGV: retry owner ("": unconditional) release nrec nrows,
-#   then nrec x (fp record lease expected), nrows x (fp row_id payload), then the row ids done.
+# KEYS: the record keys, then the call's ticket. ARGV: retry owner ("": unconditional) release nrec nrows
+#   ticket_ms, then nrec x (fp record lease expected), nrows x (fp row_id payload), then the row ids done.
 #   `expected` ("": any) is the stored record the caller merged into its own.
 # Returns {the 0-based indexes of the records rejected, those not written
 #   because the stored record is no longer the one expected}.
 _SAVE = _LUA_COMMON + _LUA_INTACT + r"""
+-- The call's ticket keeps what it did: a retry of a call whose reply was
+-- lost returns that, whatever was written on its records since (a sitemap
+-- reading's note on a record it released would make it look rejected, and
+-- its outbox rows, written, would be left to another process to emit).
+local TICKET = KEYS[#KEYS]
 local retry, owner, release = ARGV[5] == "1", ARGV[6], ARGV[7] == "1"
+if retry then
+  local kept = redis.call("GET", TICKET)
+  if kept then return cmsgpack.unpack(kept) end
+end
 local nrec, nrows = tonumber(ARGV[8]), tonumber(ARGV[9])
 local accepted, rejected, changed = {}, {}, {}
-local first = 10
+local first = 11
 for k = 0, nrec - 1 do
   local i = first + 4 * k
   local fp, rec, own, expected = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
@@ -1099,6 +1108,7 @@ for k = 0, nrows - 1 do
   if accepted[ARGV[i]] then redis.call("HSET", OUTBOX, owner .. SEP .. ARGV[i + 1], ARGV[i] .. ARGV[i + 2]) end
 end
 for i = rows + 3 * nrows, #ARGV do redis.call("HDEL", OUTBOX, owner .. SEP .. ARGV[i]) end
+redis.call("SET", TICKET, cmsgpack.pack({rejected, changed}), "PX", ARGV[10])
 return {rejected, changed}
 """
 
@@ -1590,6 +1600,12 @@ class RedisFrontier(Frontier):
                 self._gave_up = False
                 return result
 
+    @property
+    def _ticket_seconds(self) -> int:
+        """How long a call's ticket is kept: past its last retry (a day at
+        most, for an endless patience)."""
+        return math.ceil(min(self.patience, 86400.0)) + 60
+
     def _register(self, site: str) -> None:
         # Outside the record transactions: the registry is in another slot.
         if site not in self._registered:
@@ -1735,7 +1751,8 @@ class RedisFrontier(Frontier):
                 # Merged here, written by compare-and-set: a record another
                 # writer changed since it was read is read and merged again.
                 expected = self._merge_stored(site, k, pending, merge) if merge and owner is not None else None
-                args: list[Any] = ["" if owner is None else owner, "1" if release else "0", len(pending), 0]
+                args: list[Any] = ["" if owner is None else owner, "1" if release else "0", len(pending), 0,
+                                   self._ticket_seconds * 1000]
                 for n, (r, packed) in enumerate(zip(pending, self._packed(site, pending))):
                     own = "" if owner is not None or r.claim_owner is None else _lease(r.claim_owner, r.claim_until)
                     args += [_FP.pack(r.fingerprint), packed, own, expected[n] if expected else b""]
@@ -1746,8 +1763,9 @@ class RedisFrontier(Frontier):
                         rows += 1
                 args[3] = rows
                 args += [str(int(row_id)) for row_id in rows_done]
+                ticket = f"{k.base}:ticket:{uuid.uuid4().hex}"  # one per call, kept by its retries
                 refused, changed = self._retry(
-                    lambda retrying, a=args: self._run(self._save, k, ["1" if retrying else "0", *a]))
+                    lambda retrying, a=args, t=ticket: self._run(self._save, k, ["1" if retrying else "0", *a], t))
                 rejected += [pending[i] for i in refused]
                 pending, rows_done = [pending[i] for i in changed], []
         return rejected
@@ -1894,7 +1912,7 @@ class RedisFrontier(Frontier):
                         value = fn(None if raw is None else json.loads(raw))
                         pipe.multi()
                         pipe.hset(meta, key, json.dumps(value))
-                        pipe.set(ticket, json.dumps(value), ex=math.ceil(self.patience) + 60)  # outlives the retries
+                        pipe.set(ticket, json.dumps(value), ex=self._ticket_seconds)
                         pipe.execute()
                         return value
                     except redis.WatchError:
