@@ -296,7 +296,8 @@ class VerticalSpider(Spider):
         """The requests that read those of sitemaps ``urls`` whose time has
         come: read by no process of the site within ``min_age`` seconds (by
         default half a TTL, whatever asks: a robots.txt read again, an index
-        listing it; with a TTL of 0 this process reads each once a run) and
+        listing it; with a TTL of 0 once a run, by whichever of the run's
+        processes asks first) and
         not being read by another; and of an index read lately, those of its
         sitemaps whose time has come. A sitemap another process is reading
         is asked for again (``again``) until that reading is over: killed,
@@ -306,6 +307,10 @@ class VerticalSpider(Spider):
         now = scheduler.now()
         ttl = self.sitemap_ttl
         min_age = max(0.0, ttl / 2 if min_age is None else min_age)
+        if ttl <= 0 and scheduler.fetched_before is not None:
+            # Once a run, however many processes joined it: a sitemap read
+            # since the run began is not read again by one that came later.
+            min_age = max(min_age, now - scheduler.fetched_before)
         asked = []
         for url in dict.fromkeys(urls):
             last = self._sitemaps.get(url)

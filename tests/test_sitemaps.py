@@ -578,6 +578,39 @@ def _stalled_index() -> tuple[SmallSite, list[str], list[str]]:
     return server, stalled, other
 
 
+def test_with_a_ttl_of_0_a_run_of_two_processes_reads_each_sitemap_once(tmp_path):
+    """``VERTICAL_SITEMAP_TTL = 0``: each run reads each sitemap once. Process
+    A reads the sitemap and is held on a page; process B joins A's run then,
+    and leaves the sitemap A read in this run (before, B read it again: its
+    reading was over, and a TTL of 0 made it due at once)."""
+    def urlset(*paths: str) -> bytes:
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                + "".join(f"<url><loc>{p}</loc></url>" for p in paths) + "</urlset>").encode()
+
+    listed = [f"/p{i}" for i in range(4)]
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/s.xml": (200, urlset(*listed)),
+             **{p: (200, html()) for p in listed}}
+    server = SmallSite(pages)
+    server.RequestHandlerClass = _Stalling
+    server.stalled, server.released, server.held = set(listed), threading.Event(), []  # type: ignore[attr-defined]
+    store, settings = tmp_path / "f.sqlite3", {"VERTICAL_SITEMAP_TTL": 0, "VERTICAL_HEARTBEAT": 1}
+    with serving(server):
+        site = small_site(tmp_path, "once", server.url, sitemaps=[f"{server.url}/s.xml"])
+        first = start_crawl(site, store, tmp_path / "a", settings=settings)
+        try:
+            wait_for(lambda: server.held, timeout=120)  # type: ignore[attr-defined]
+            assert first.poll() is None
+            # B ends after 5 s: the pages left are A's, held until released.
+            second = crawl(site, store, tmp_path / "b", settings=settings, args={"seconds": 5})
+        finally:
+            server.released.set()  # type: ignore[attr-defined]
+            _, stderr = first.communicate(timeout=180)
+        log = list(server.log)
+    assert first.returncode == 0, stderr[-3000:]
+    assert log.count("/s.xml") == 1, log
+    assert second.stat("vertical/sitemap/read_lately") == 1
+
+
 def test_a_sitemap_reading_killed_midway_is_made_by_the_next_run(tmp_path):
     """The config names an index of two sitemaps. Run 1 reads the index and
     the second sitemap, leases the reading of the first and is SIGKILLed
