@@ -8,6 +8,7 @@ and the simulator (``python -m vertical.sim``) runs the very same classes.
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 import types
 import typing
@@ -114,7 +115,7 @@ def _fits(value: Any, hint: Any) -> bool:
                     isinstance(value, float) and value.is_integer():
                 return True
         elif option is float:
-            if isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value:
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
                 return True
         elif option is str:
             if isinstance(value, str):
@@ -125,5 +126,6 @@ def _fits(value: Any, hint: Any) -> bool:
 
 
 def _describe(hint: Any) -> str:
-    words = {type(None): "null", bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+    words = {type(None): "null", bool: "true or false", int: "a whole number", float: "a finite number",
+             str: "text"}
     return " or ".join(words.get(option, str(option)) for option in _options(hint))

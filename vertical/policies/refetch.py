@@ -289,6 +289,10 @@ class OptimalSchedule(FetchSchedule):
                 raise ParamError("probe_horizon", f"is not a duration: {exc}") from None
             if probe_horizon <= 0:
                 raise ParamError("probe_horizon", "must be more than 0s")
+        if prior_interval is not None and prior_interval < 0:
+            raise ParamError("prior_interval", f"must not be negative, not {prior_interval!r}")
+        if mu is not None and mu < 0:  # 0: a fetch costs nothing
+            raise ParamError("mu", f"must not be negative, not {mu!r}")
         if not 0 < max_share <= 1:
             raise ParamError("max_share", f"must be more than 0 and at most 1, not {max_share!r}")
         self.last_modified = bool(last_modified)
