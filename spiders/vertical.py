@@ -45,8 +45,8 @@ from vertical.extract import FieldError, Record, as_page, extract_records, follo
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
 from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
-from vertical.sitemaps import (FAILED_RETRY, META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut,
-                               last_read, read_sitemap, reading_lease, retry_after, sitemap_body, sitemap_max_size,
+from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut, last_read,
+                               read_sitemap, reading_lease, retry_after, sitemap_body, sitemap_max_size,
                                sitemap_wanted)
 from vertical.urls import as_requested, canonicalize, host_of
 
@@ -174,7 +174,11 @@ class VerticalSpider(Spider):
         # began): asked again until that reading is over or died with it.
         self._read_elsewhere: dict[str, tuple[int, float]] = {}
         self._elsewhere_call: IDelayedCall | None = None
+        # Sitemap an index lists -> its depth, while its last reading failed:
+        # asked again in its wait, not at the index's next reading.
+        self._failing: dict[str, int] = {}
         self.sitemap_ttl = 0.0  # VERTICAL_SITEMAP_TTL and friends, set in from_crawler
+        self.sitemap_retry = 0.0
         self.sitemap_depth = 0
         self.sitemap_max_size = 0
         self.feed_discovery = False
@@ -194,6 +198,7 @@ class VerticalSpider(Spider):
         apply_site_settings(spider.site, crawler.settings)
         crawler.signals.connect(spider._callback_failed, signal=signals.spider_error)
         spider.sitemap_ttl = crawler.settings.getfloat("VERTICAL_SITEMAP_TTL")
+        spider.sitemap_retry = crawler.settings.getfloat("VERTICAL_SITEMAP_RETRY")
         spider.sitemap_depth = crawler.settings.getint("VERTICAL_SITEMAP_DEPTH")
         spider.sitemap_max_size = sitemap_max_size(crawler.settings.getint("DOWNLOAD_MAXSIZE"))
         spider.feed_discovery = crawler.settings.getbool("VERTICAL_FEED_DISCOVERY")
@@ -258,6 +263,13 @@ class VerticalSpider(Spider):
         roots = self._sitemap_roots.union(*self._feeds.values())
         due = [url for url in sorted(roots) if now - self._sitemaps.get(url, now) >= self.sitemap_ttl]
         self._crawl_sitemaps(self._sitemap_reads(due, 0, self.sitemap_ttl))
+        failing: dict[int, list[str]] = {}
+        for url, depth in sorted(self._failing.items()):
+            if now - self._sitemaps.get(url, now) >= self.sitemap_ttl:
+                del self._failing[url]  # back if it fails again, or waits again
+                failing.setdefault(depth, []).append(url)
+        for depth, urls in failing.items():
+            self._crawl_sitemaps(self._sitemap_reads(urls, depth, self.sitemap_ttl))
 
     def sitemaps_found(self, urls: Sequence[str], robots: str | None = None) -> None:
         """Sitemaps robots.txt ``robots`` names (read again every
@@ -340,10 +352,10 @@ class VerticalSpider(Spider):
                             self.crawler.stats.inc_value("vertical/sitemap/read_elsewhere")
                             elsewhere_now.append(url)
                         continue
-                    if (retry := retry_after(reading, min_age)) is not None and retry > now:
+                    if (retry := retry_after(reading, min_age, self.sitemap_retry)) is not None and retry > now:
                         # Failed lately: asked for again once its wait is over.
                         self.crawler.stats.inc_value("vertical/sitemap/failed_lately")
-                        self._sitemaps[url] = min(now, retry - ttl)
+                        self._retry_at(url, depth, retry)
                     else:
                         # Read lately by another process or run: not asked
                         # for again before its time.
@@ -369,7 +381,14 @@ class VerticalSpider(Spider):
                 return requests
             return self._index_reads(listed, depth + 1, min_age).addCallback(lambda more: requests + more)
 
-        return scheduler.lease_sitemaps(asked, min_age).addCallback(leased)
+        return scheduler.lease_sitemaps(asked, min_age, self.sitemap_retry).addCallback(leased)
+
+    def _retry_at(self, url: str, depth: int, when: float) -> None:
+        """Ask for sitemap ``url`` again at ``when`` (a continuous crawl's
+        loop asks for it once its TTL has passed since ``_sitemaps[url]``)."""
+        self._sitemaps[url] = min(self._scheduler.now(), when - self.sitemap_ttl)
+        if depth:
+            self._failing[url] = depth
 
     def _ask_elsewhere_later(self) -> None:
         """Ask again, in a heartbeat, for the sitemaps other processes are
@@ -512,10 +531,10 @@ class VerticalSpider(Spider):
         request = failure.request  # type: ignore[attr-defined]
         logger.warning("Sitemap not fetched: %s (%s)", request.url, failure.getErrorMessage())
         self.crawler.stats.inc_value("vertical/sitemap/failed")
-        url, began = as_requested(request), request.meta[META_SITEMAP][1]
+        url, (depth, began, *_) = as_requested(request), request.meta[META_SITEMAP]
         # Asked for again in its wait after a failure, not a whole TTL later
         # (the store's record may say to wait longer: failures in a row).
-        self._sitemaps[url] = began + FAILED_RETRY - self.sitemap_ttl
+        self._retry_at(url, depth, began + min(self.sitemap_retry, self.sitemap_ttl))
         self._scheduler.sitemap_read(url, began, failed=True)
 
     def request_for(self, record: URLRecord, template: Request | None = None) -> Request:

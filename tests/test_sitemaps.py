@@ -487,25 +487,30 @@ def test_the_reading_of_a_sitemap_is_leased_to_one_process_at_a_time():
 
 def test_a_sitemap_whose_reading_failed_is_asked_for_again_sooner():
     """A reading that failed (no answer, or a 5xx after Scrapy's retries) is
-    no reading made: its sitemap is asked for again an hour after it, two
-    after a second failure in a row, and so on, never later than after a
-    reading made (``min_age``); a reading made ends the count."""
+    no reading made: its sitemap is asked for again ``VERTICAL_SITEMAP_RETRY``
+    (an hour) after it, two after a second failure in a row, and so on,
+    never later than after a reading made (``min_age``); a reading made
+    ends the count."""
     hour, day = 3600.0, 86400.0
-    made = reading_done(take_reading(None, "a", 0.0, day / 2, 600), "a", 0.0, {"ETag": '"x"'})
-    failed = reading_done(take_reading(made, "a", day, day / 2, 600), "a", day, failed=True)
+
+    def take(record: dict | None, owner: str, now: float) -> dict:
+        return take_reading(record, owner, now, day / 2, 600, retry=hour)
+
+    made = reading_done(take(None, "a", 0.0), "a", 0.0, {"ETag": '"x"'})
+    failed = reading_done(take(made, "a", day), "a", day, failed=True)
     assert failed["read"] == 0.0 and failed["failed"] == [1, day] and "lease" not in failed
     assert failed["validators"] == {"ETag": '"x"'}  # the next reading is still conditional
-    assert retry_after(failed, day / 2) == day + hour
-    assert granted(take_reading(failed, "b", day + hour - 1, day / 2, 600), "b") is None
-    again = take_reading(failed, "b", day + hour, day / 2, 600)
+    assert retry_after(failed, day / 2, hour) == day + hour
+    assert granted(take(failed, "b", day + hour - 1), "b") is None
+    again = take(failed, "b", day + hour)
     assert granted(again, "b") == day + hour
     twice = reading_done(again, "b", day + hour, failed=True)
-    assert twice["failed"] == [2, day + hour] and retry_after(twice, day / 2) == day + 3 * hour
+    assert twice["failed"] == [2, day + hour] and retry_after(twice, day / 2, hour) == day + 3 * hour
     many = {**twice, "failed": [9, day]}
-    assert retry_after(many, day / 2) == day + day / 2  # 256 hours, capped by a reading's wait
-    assert retry_after(many, 0.0) == day  # VERTICAL_SITEMAP_TTL = 0: once a run, failed or not
-    assert "failed" not in reading_done(take_reading(twice, "a", 2 * day, day / 2, 600), "a", 2 * day)
-    assert retry_after(made, day / 2) is None
+    assert retry_after(many, day / 2, hour) == day + day / 2  # 256 hours, capped by a reading's wait
+    assert retry_after(many, 0.0, hour) == day  # VERTICAL_SITEMAP_TTL = 0: once a run, failed or not
+    assert "failed" not in reading_done(take(twice, "a", 2 * day), "a", 2 * day)
+    assert retry_after(made, day / 2, hour) is None
 
 
 def test_runs_and_processes_share_their_sitemap_readings(tmp_path, frontier_uri):
@@ -1168,6 +1173,41 @@ def test_a_sitemap_that_failed_is_read_again_an_hour_later_not_half_a_day(tmp_pa
         log = list(server.log)
     assert not later.stat("vertical/sitemap/failed_lately") and not later.stat("vertical/sitemap/read_lately")
     assert log.count("/s.xml") == 1 and "/news/a" in log, log
+
+
+def test_a_continuous_crawl_reads_a_failed_sitemap_again_in_its_wait(tmp_path):
+    """A continuous crawl, ``VERTICAL_SITEMAP_RETRY`` 10 s and a TTL of 80 s
+    (its loop looks every 20 s). A sitemap the config names and one an
+    index lists both answer 500, then recover: each is read again at the
+    loop's first look after its wait, in the same run. Before, the one
+    named waited an hour, and the index's waited for the index's next
+    reading (a TTL: a day by default)."""
+    def urlset(*paths: str) -> bytes:
+        return ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                + "".join(f"<url><loc>{p}</loc></url>" for p in paths) + "</urlset>").encode()
+
+    index = ('<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+             "<sitemap><loc>/c.xml</loc></sitemap></sitemapindex>").encode()
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/idx.xml": (200, index),
+             "/r.xml": (500, b"busy"), "/c.xml": (500, b"busy"), "/news/r": (200, html()), "/news/c": (200, html())}
+    with serving(SmallSite(pages)) as server:
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/r.xml", f"{server.url}/idx.xml"])
+        proc = start_crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"mode": "continuous", "seconds": 45},
+                           settings={"VERTICAL_SITEMAP_TTL": 80, "VERTICAL_SITEMAP_RETRY": 10})
+        try:
+            # Each failed once (a request and Scrapy's two retries); then they recover.
+            wait_for(lambda: server.log.count("/r.xml") >= 3 and server.log.count("/c.xml") >= 3, timeout=120)
+            pages["/r.xml"], pages["/c.xml"] = (200, urlset("/news/r")), (200, urlset("/news/c"))
+            _, stderr = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        result = collect(tmp_path, proc.returncode, stderr=stderr)
+        log = list(server.log)
+    assert result.returncode == 0, stderr[-3000:]
+    assert log.count("/r.xml") == 4 and log.count("/c.xml") == 4 and log.count("/idx.xml") == 1, log
+    assert {"/news/r", "/news/c"} <= set(log), log
+    assert result.stat("vertical/sitemap/failed") == 2
 
 
 def test_a_run_that_reaches_its_time_leaves_the_sitemaps_it_has_not_read(tmp_path):

@@ -889,17 +889,19 @@ class FrontierScheduler(BaseScheduler):
         d = self._call(fetched).addCallback(worth)
         return d.addErrback(partial(self.store_failed, "sitemap"))
 
-    def lease_sitemaps(self, urls: Sequence[str], min_age: float) -> Deferred[dict[str, dict[str, Any]]]:
+    def lease_sitemaps(self, urls: Sequence[str], min_age: float,
+                       retry: float = 0.0) -> Deferred[dict[str, dict[str, Any]]]:
         """Ask to read sitemaps ``urls`` now. Fires with each one's reading
         record (:mod:`vertical.sitemaps`), shared by the site's processes and
         runs: those leased to this process
         (:func:`~vertical.sitemaps.granted`) are its to read, with the
         validators and children of their last reading; the others were read
-        less than ``min_age`` seconds ago, or another live process is reading
-        them. A lease lasts ``VERTICAL_LEASE``, as a claim does, and ends with
-        its process: a reading whose process died is taken up by the next to
-        ask once that heartbeat has run out. Fires with ``{}`` when the store
-        failed."""
+        less than ``min_age`` seconds ago, another live process is reading
+        them, or their last reading failed less than ``retry`` seconds ago
+        (doubled at each failure in a row). A lease lasts ``VERTICAL_LEASE``,
+        as a claim does, and ends with its process: a reading whose process
+        died is taken up by the next to ask once that heartbeat has run out.
+        Fires with ``{}`` when the store failed."""
         now, site, owner, lease = self.now(), self.site.name, self.owner, self.lease
         self._reads_sitemaps = self._reads_sitemaps or bool(urls)
 
@@ -909,7 +911,8 @@ class FrontierScheduler(BaseScheduler):
             # A reading's process is taken for dead as a claim's is (_beat_here).
             owners = self.frontier.owners(site)
             live = self._live(owners, self._beats_on_time(asked), dead=self._dead_here(owners))
-            rule = partial(take_reading, owner=owner, now=now, min_age=min_age, lease=lease, live=live)
+            rule = partial(take_reading, owner=owner, now=now, min_age=min_age, lease=lease, live=live,
+                           retry=retry)
             return {url: self.frontier.update_meta(site, reading_key(url), rule) for url in urls}
 
         self._sitemap_calls += 1

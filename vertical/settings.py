@@ -130,6 +130,12 @@ VERTICAL_RETRY_AFTER_MAX = 3600
 # sitemaps).
 VERTICAL_SITEMAP_TTL = 86400
 VERTICAL_SITEMAP_DEPTH = 2
+# A sitemap whose reading failed (no answer, or an error after the retries)
+# is asked for again this many seconds later, doubled at each failure in a
+# row, and never later than after a reading made: a server error at one run
+# should not hide the sitemap's new pages for half a day. (StormCrawler
+# retries a fetch error after two hours.)
+VERTICAL_SITEMAP_RETRY = 3600
 # The RSS and Atom feeds an entry page links in its head are read as sitemaps.
 VERTICAL_FEED_DISCOVERY = True
 CONCURRENT_REQUESTS = 16

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from vertical.config import SiteConfig
 
-__all__ = ["FAILED_RETRY", "META_SITEMAP", "ROBOTS_SITEMAPS_KEY", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE",
+__all__ = ["META_SITEMAP", "ROBOTS_SITEMAPS_KEY", "SITEMAP_MAX_ENTRIES", "SITEMAP_MAX_SIZE",
            "SitemapEntry", "feed_links", "granted", "gzip_cut", "last_failed", "last_read", "lastmod_time",
            "read_feed", "read_sitemap", "read_text", "reading_done", "reading_key", "reading_lease", "readings",
            "retry_after", "robots_named", "robots_sitemaps", "sitemap_body", "sitemap_max_size", "sitemap_wanted",
@@ -577,13 +577,6 @@ def robots_named(stored: Any, robots: str | None = None, urls: Sequence[str] = (
     return named
 
 
-#: How long after a reading that failed its sitemap is asked for again
-#: (doubled at each failure in a row, up to the wait after a reading made):
-#: a server error at one run should not hide a day of new pages.
-#: StormCrawler waits two hours after a fetch error.
-FAILED_RETRY = 3600.0
-
-
 def reading_key(url: str) -> str:
     """The site meta key of sitemap ``url``'s reading record."""
     return _READING + url
@@ -612,32 +605,32 @@ def last_failed(record: Mapping[str, Any]) -> tuple[int, float] | None:
     return None
 
 
-def retry_after(record: Mapping[str, Any], min_age: float) -> float | None:
+def retry_after(record: Mapping[str, Any], min_age: float, wait: float) -> float | None:
     """When a sitemap whose last reading failed may be asked for again:
-    :data:`FAILED_RETRY` after it, doubled at each failure in a row, and
-    never later than a reading would wait (``min_age``). None when the last
-    reading did not fail."""
+    ``wait`` seconds after it (``VERTICAL_SITEMAP_RETRY``), doubled at each
+    failure in a row, and never later than a reading would wait
+    (``min_age``). None when the last reading did not fail."""
     failed = last_failed(record)
     if failed is None:
         return None
     count, at = failed
-    return at + min(min_age, FAILED_RETRY * 2.0 ** min(max(count, 1) - 1, 30))
+    return at + min(min_age, wait * 2.0 ** min(max(count, 1) - 1, 30))
 
 
 def take_reading(stored: Any, owner: str, now: float, min_age: float, lease: float,
-                 live: Collection[str] | None = None) -> dict[str, Any]:
+                 live: Collection[str] | None = None, retry: float = 0.0) -> dict[str, Any]:
     """The reading record after ``owner`` asks at ``now`` to read the sitemap:
     leased to it for ``lease`` seconds (see :func:`granted`) unless it was
     read less than ``min_age`` seconds ago, its last reading failed too
-    lately (:func:`retry_after`) or another owner's lease runs. A lease
-    whose owner is not among the ``live`` processes (when known: those
-    whose heartbeat runs) is void: its reading died with its process. For
-    the store's ``update_meta``."""
+    lately (:func:`retry_after`, ``retry`` its first wait) or another
+    owner's lease runs. A lease whose owner is not among the ``live``
+    processes (when known: those whose heartbeat runs) is void: its reading
+    died with its process. For the store's ``update_meta``."""
     record = dict(stored) if isinstance(stored, dict) else {}
     read = last_read(record)
     if read is not None and now - read < min_age:
         return record
-    if (retry := retry_after(record, min_age)) is not None and now < retry:
+    if (again := retry_after(record, min_age, retry)) is not None and now < again:
         return record
     held = reading_lease(record)
     if held is not None and held[0] != owner and held[1] > now and (live is None or held[0] in live):
