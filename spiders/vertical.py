@@ -175,8 +175,10 @@ class VerticalSpider(Spider):
         self._read_elsewhere: dict[str, tuple[int, float]] = {}
         self._elsewhere_call: IDelayedCall | None = None
         # Sitemap an index lists -> its depth, while its last reading failed:
-        # asked again in its wait, not at the index's next reading.
+        # asked again in its wait, not at the index's next reading; while an
+        # index lists it (index -> the sitemaps it listed when last read).
         self._failing: dict[str, int] = {}
+        self._children: dict[str, list[str]] = {}
         self.sitemap_ttl = 0.0  # VERTICAL_SITEMAP_TTL and friends, set in from_crawler
         self.sitemap_retry = 0.0
         self.sitemap_depth = 0
@@ -264,8 +266,11 @@ class VerticalSpider(Spider):
         due = [url for url in sorted(roots) if now - self._sitemaps.get(url, now) >= self.sitemap_ttl]
         self._crawl_sitemaps(self._sitemap_reads(due, 0, self.sitemap_ttl))
         failing: dict[int, list[str]] = {}
+        listed = set().union(*self._children.values())
         for url, depth in sorted(self._failing.items()):
-            if now - self._sitemaps.get(url, now) >= self.sitemap_ttl:
+            if url not in listed:
+                del self._failing[url]  # no index lists it now (a URL that changes at each reading)
+            elif now - self._sitemaps.get(url, now) >= self.sitemap_ttl:
                 del self._failing[url]  # back if it fails again, or waits again
                 failing.setdefault(depth, []).append(url)
         for depth, urls in failing.items():
@@ -363,7 +368,9 @@ class VerticalSpider(Spider):
                         if read is not None and read < now:
                             self._sitemaps[url] = read
                     # An index's sitemaps may not have been read (its process killed since).
-                    listed.extend(reading.get("children", ()))
+                    if children := reading.get("children"):
+                        self._children[url] = list(children)
+                        listed.extend(children)
                     continue
                 # Direct: served before frontier URLs, never stored; the entries are.
                 requests.append(Request(url, callback=self.parse_sitemap, errback=self._sitemap_failed,
@@ -441,6 +448,8 @@ class VerticalSpider(Spider):
         if response.status == 304:
             stats.inc_value("vertical/sitemap/not_modified")
             scheduler.sitemap_read(url, began)
+            if children:
+                self._children[url] = list(children)
             self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
         if response.status != 200:
@@ -481,6 +490,7 @@ class VerticalSpider(Spider):
             children = self._sitemap_urls(child for child, *_ in entries)
             self._skipped(response, len(entries) - len(children), len(entries))
             scheduler.sitemap_read(url, began, validators, children)
+            self._children[url] = children
             self._crawl_sitemaps(self._index_reads(children, depth + 1))
             return
         strip = self.site.traps.strip_params

@@ -1210,6 +1210,44 @@ def test_a_continuous_crawl_reads_a_failed_sitemap_again_in_its_wait(tmp_path):
     assert result.stat("vertical/sitemap/failed") == 2
 
 
+class _ChurningIndex(_Handler):
+    """``/idx.xml`` lists one sitemap, ``/c.xml?v=N``, N its reading's number;
+    every such sitemap answers 500."""
+
+    def do_GET(self) -> None:
+        server = self.server
+        if self.path == "/idx.xml":
+            server.readings += 1  # type: ignore[attr-defined]
+            server.pages["/idx.xml"] = (200, (  # type: ignore[attr-defined]
+                '<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><sitemap>'
+                f"<loc>/c.xml?v={server.readings}</loc></sitemap></sitemapindex>").encode())  # type: ignore[attr-defined]
+        elif self.path.startswith("/c.xml"):
+            server.pages[self.path] = (500, b"busy")  # type: ignore[attr-defined]
+        super().do_GET()
+
+
+def test_a_failing_sitemap_its_index_no_longer_lists_is_not_asked_for_again(tmp_path):
+    """A continuous crawl, a TTL of 12 s: the index lists another sitemap at
+    each reading (``?v=N``), each failing. One the index no longer lists is
+    not asked for again once the loop has seen the index's new list: none
+    after the index's next reading but one. Before, each was asked for
+    again every TTL for the rest of the run, one more at each reading."""
+    server = SmallSite({"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html())})
+    server.RequestHandlerClass = _ChurningIndex
+    server.readings = 0  # type: ignore[attr-defined]
+    with serving(server):
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/idx.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path, args={"mode": "continuous", "seconds": 45},
+                       settings={"VERTICAL_SITEMAP_TTL": 12, "VERTICAL_SITEMAP_RETRY": 3})
+        log = list(server.log)
+    readings = [i for i, path in enumerate(log) if path == "/idx.xml"]
+    assert len(readings) >= 3, log
+    for n in range(1, len(readings) - 1):
+        asked = [i for i, path in enumerate(log) if path == f"/c.xml?v={n}"]
+        assert asked and max(asked) < readings[n + 1], (n, log)
+    assert result.returncode == 0 and "Traceback" not in result.log
+
+
 def test_a_run_that_reaches_its_time_leaves_the_sitemaps_it_has_not_read(tmp_path):
     """An index of 300 sitemaps on a host with a 0.05-s delay is 15 s of
     fetches; a run of 3 s (`-a seconds=3`) reads what it can and leaves the

@@ -104,7 +104,7 @@ NUMBERS: dict[str, tuple[type, str]] = {
     "VERTICAL_RETRY_AFTER_MAX": (float, "of 0 or more"),
     "VERTICAL_SITEMAP_TTL": (float, "of 0 or more"),
     "VERTICAL_SITEMAP_DEPTH": (int, "of 0 or more"),
-    "VERTICAL_SITEMAP_RETRY": (float, "of 0 or more"),
+    "VERTICAL_SITEMAP_RETRY": (float, "above 0"),  # 0 would double nothing: a failing sitemap at every look
     "VERTICAL_DNS_TTL": (float, "of 0 or more"),
     "VERTICAL_DNS_NEGATIVE_TTL": (float, "of 0 or more"),
     "VERTICAL_DNS_MIN_TTL": (float, "of 0 or more"),
