@@ -173,9 +173,10 @@ def test_items_a_full_disk_kept_from_the_feed_are_emitted_next_run(tmp_path, bat
             newest = max(files(), key=lambda f: f.stat().st_mtime)
             limit = newest.stat().st_size + ROOM
             if done := [f.stat().st_size for f in files() if f != newest]:
-                # Below a whole batch: set late in one (a loaded machine
-                # polls late), the limit let every batch after it fit.
-                limit = min(limit, min(done) - ROOM)
+                # Half a batch: set late in one (a loaded machine polls
+                # late), a limit just below a whole batch let the batch
+                # begun meanwhile take every item of the window.
+                limit = min(limit, min(done) // 2)
             resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
             full_at = len(page_requests(demo))
             wait_for(lambda: proc.poll() is not None or len(page_requests(demo)) >= full_at + FULL_FOR,
