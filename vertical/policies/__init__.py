@@ -111,8 +111,8 @@ def _fits(value: Any, hint: Any) -> bool:
             if isinstance(value, bool):
                 return True
         elif option is int:
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool) or \
-                    isinstance(value, float) and value.is_integer():
+            whole = isinstance(value, float) and value.is_integer()  # YAML's 2.0
+            if whole or (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
                 return True
         elif option is float:
             if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
