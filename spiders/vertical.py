@@ -441,9 +441,8 @@ class VerticalSpider(Spider):
         asked = response.request.headers if response.request is not None else {}
         if response.status == 304 and b"If-None-Match" not in asked and b"If-Modified-Since" not in asked:
             # "Not modified" since nothing (a broken server or cache): no reading.
-            logger.warning("Sitemap answered 304 to a request that asked nothing: %s", response.url)
-            stats.inc_value("vertical/sitemap/unreadable")
-            scheduler.sitemap_read(url, began)
+            self._unreadable(url, depth, began, "Sitemap answered 304 to a request that asked nothing: %s",
+                             response.url)
             return
         if response.status == 304:
             stats.inc_value("vertical/sitemap/not_modified")
@@ -460,10 +459,8 @@ class VerticalSpider(Spider):
             return
         body = sitemap_body(response, self.sitemap_max_size)
         if body is None and gzip_magic_number(response):
-            logger.warning("Sitemap %s is a gzip file that is corrupt or inflates past %d bytes: not read",
-                           response.url, self.sitemap_max_size)
-            stats.inc_value("vertical/sitemap/unreadable")
-            scheduler.sitemap_read(url, began)
+            self._unreadable(url, depth, began, "Sitemap %s is a gzip file that is corrupt or inflates past %d "
+                             "bytes: not read", response.url, self.sitemap_max_size)
             return
         kind, entries = read_sitemap(body, response.url) if body is not None else ("", [])
         if len(entries) > SITEMAP_MAX_ENTRIES:
@@ -472,9 +469,7 @@ class VerticalSpider(Spider):
             stats.inc_value("vertical/sitemap/truncated")
             del entries[SITEMAP_MAX_ENTRIES:]
         if not kind:
-            logger.warning("Not a sitemap (HTTP %d): %s", response.status, response.url)
-            stats.inc_value("vertical/sitemap/unreadable")
-            scheduler.sitemap_read(url, began)
+            self._unreadable(url, depth, began, "Not a sitemap (HTTP %d): %s", response.status, response.url)
             return
         stats.inc_value(f"vertical/sitemap/{kind}")
         validators = {name: value.decode("latin-1") for name, value in (
@@ -541,7 +536,18 @@ class VerticalSpider(Spider):
         request = failure.request  # type: ignore[attr-defined]
         logger.warning("Sitemap not fetched: %s (%s)", request.url, failure.getErrorMessage())
         self.crawler.stats.inc_value("vertical/sitemap/failed")
-        url, (depth, began, *_) = as_requested(request), request.meta[META_SITEMAP]
+        depth, began, *_ = request.meta[META_SITEMAP]
+        self._reading_failed(as_requested(request), depth, began)
+
+    def _unreadable(self, url: str, depth: int, began: float, message: str, *args: Any) -> None:
+        """An answer that is no sitemap where one should be (a maintenance
+        page, a corrupt gzip, a broken cache's 304): a reading that failed,
+        not one made, or the sitemap's new pages would wait half a TTL."""
+        logger.warning(message, *args)
+        self.crawler.stats.inc_value("vertical/sitemap/unreadable")
+        self._reading_failed(url, depth, began)
+
+    def _reading_failed(self, url: str, depth: int, began: float) -> None:
         # Asked for again in its wait after a failure, not a whole TTL later
         # (the store's record may say to wait longer: failures in a row).
         self._retry_at(url, depth, began + min(self.sitemap_retry, self.sitemap_ttl))

@@ -1151,19 +1151,24 @@ def test_a_sitemap_waits_as_pages_do_while_robots_txt_is_unreachable(tmp_path):
     assert result.stat("vertical/sitemap/failed") == 1
 
 
-def test_a_sitemap_that_failed_is_read_again_an_hour_later_not_half_a_day(tmp_path):
-    """The sitemap answers 500 (after Scrapy's two retries) at run 1: the
+@pytest.mark.parametrize(("answer", "asked", "stat"), [
+    ((500, b"busy"), 3, "failed"),  # after Scrapy's two retries
+    ((200, b"<html><body><h1>Down for maintenance</h1></body></html>"), 1, "unreadable"),
+    ((200, b"\x1f\x8b\x08\x00" + b"\x00" * 40), 1, "unreadable"),  # a gzip file that is corrupt
+], ids=["500", "maintenance page", "corrupt gzip"])
+def test_a_sitemap_that_failed_is_read_again_an_hour_later_not_half_a_day(tmp_path, answer, asked, stat):
+    """The sitemap answers 500, or a page that is no sitemap, at run 1: the
     reading failed, and its pages are unknown. A run half an hour later
     leaves it (``failed_lately``); one an hour and a minute later reads it,
     where it waited for half a TTL (12 hours) as if it had been read."""
     pages = {"/robots.txt": (200, b"User-agent: *\n"), "/": (200, html()), "/news/a": (200, html()),
-             "/s.xml": (500, b"busy")}
+             "/s.xml": answer}
     with serving(SmallSite(pages)) as server:
         site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"])
         store = tmp_path / "f.sqlite3"
         first = crawl(site, store, tmp_path, tag="1")
-        assert first.stat("vertical/sitemap/failed") == 1
-        assert server.log.count("/s.xml") == 3 and "/news/a" not in server.log
+        assert first.stat(f"vertical/sitemap/{stat}") == 1
+        assert server.log.count("/s.xml") == asked and "/news/a" not in server.log
         pages["/s.xml"] = (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
                                 b"<url><loc>/news/a</loc></url></urlset>")
         server.log.clear()

@@ -31,6 +31,7 @@ Pure functions, no I/O: the spider fetches, these read.
 from __future__ import annotations
 
 import re
+import zlib
 from codecs import BOM_UTF8
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -121,7 +122,7 @@ def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
     if gzip_magic_number(response):
         try:
             return gunzip(response.body, max_size=max_size)
-        except (OSError, EOFError, ValueError):  # corrupt, or larger than allowed
+        except (OSError, EOFError, ValueError, zlib.error):  # corrupt, or larger than allowed
             return None
     # A .xml.gz the server sent with Content-Encoding: gzip (Apache's
     # AddEncoding, nginx's gzip_static) arrives inflated, as Scrapy's
