@@ -28,10 +28,10 @@ def test_processes_with_their_heartbeats(frontier):
     url = "http://127.0.0.1:8000/"
     frontier.add([URLRecord(url=url, fingerprint=fingerprint(url), site="demo", host="127.0.0.1", state=NEW)])
     started = frontier.clock() - 120
-    frontier.heartbeat("demo", "vm:101:aaaa", 60, {"host": "vm", "pid": 101, "started": started, "lane": "fast",
-                                                    "pages": 42})
-    frontier.heartbeat("demo", "vm:202:bbbb", 0.05, {"host": "vm", "pid": 202, "started": started})
-    frontier.heartbeat("other", "vm:303:cccc", 60, {"host": "vm", "pid": 303})  # another site
+    frontier.heartbeat("demo", "vm:101:aaaa", 60, {"host": "elsewhere", "pid": 101, "started": started,
+                                                    "lane": "fast", "pages": 42})
+    frontier.heartbeat("demo", "vm:202:bbbb", 0.05, {"host": "elsewhere", "pid": 202, "started": started})
+    frontier.heartbeat("other", "vm:303:cccc", 60, {"host": "elsewhere", "pid": 303})  # another site
     time.sleep(0.2)  # the second one's heartbeat runs out
 
     answer = status(frontier.uri, "demo", "--json")
@@ -53,3 +53,29 @@ def test_processes_with_their_heartbeats(frontier):
     assert started_ago.endswith("m") and 2 <= float(started_ago[:-1]) < 3 and first.endswith(" ago")
     assert second.split()[:2] == ["vm:202:bbbb", "no"] and "ran out" in second
     assert "vm:303:cccc" not in table.stdout
+
+
+def test_a_killed_process_on_this_machine_is_shown_dead_at_once(frontier):
+    """A SIGKILLed crawl leaves its heartbeat running for three more beats;
+    the crawls take it for dead at once when its pid is gone from this
+    machine, and the status says what they act on."""
+    import os
+    import signal
+    import socket
+
+    url = "http://127.0.0.1:8000/"
+    frontier.add([URLRecord(url=url, fingerprint=fingerprint(url), site="demo", host="127.0.0.1", state=NEW)])
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    here = socket.gethostname()
+    frontier.heartbeat("demo", f"{here}:{killed.pid}:dead", 60, {"host": here, "pid": killed.pid})
+    frontier.heartbeat("demo", f"{here}:{os.getpid()}:live", 60, {"host": here, "pid": os.getpid()})
+    # On another machine its heartbeat alone decides.
+    frontier.heartbeat("demo", "elsewhere:1:away", 60, {"host": "elsewhere", "pid": killed.pid})
+
+    answer = status(frontier.uri, "demo", "--json")
+    assert answer.returncode == 0, answer.stderr
+    alive = {p["owner"]: p["alive"] for p in json.loads(answer.stdout)["processes"]["demo"]}
+    assert alive == {f"{here}:{killed.pid}:dead": False, f"{here}:{os.getpid()}:live": True, "elsewhere:1:away": True}
+    assert "crawl processes of site demo: 2 alive, 1 not" in status(frontier.uri, "demo").stdout

@@ -85,6 +85,7 @@ from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, slot_transferring, wake_engine
 from vertical.config import host_allowed
 from vertical.frontier import Frontier, Lane, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
+from vertical.frontier.base import gone_here
 from vertical.frontier.worker import OneAtATime, StoreThread
 from vertical.policies import make_priority, make_schedule
 from vertical.policies.estimate import (
@@ -910,7 +911,7 @@ class FrontierScheduler(BaseScheduler):
         def take() -> dict[str, dict[str, Any]]:  # on the store thread
             # A reading's process is taken for dead as a claim's is (_beat_here).
             owners = self.frontier.owners(site)
-            live = self._live(owners, self._beats_on_time(asked), dead=self._dead_here(owners))
+            live = self._live(owners, self._beats_on_time(asked), dead=gone_here(owners, self.owner))
             rule = partial(take_reading, owner=owner, now=now, min_age=min_age, lease=lease, live=live,
                            retry=retry)
             return {url: self.frontier.update_meta(site, reading_key(url), rule) for url in urls}
@@ -1643,7 +1644,7 @@ class FrontierScheduler(BaseScheduler):
         lost = frontier.renew(site, self.owner, held, self.lease) if held else set()
         owners = frontier.owners(site)
         on_time = self._beats_on_time(asked)
-        dead = frontier.reap(site, dead=self._dead_here(owners), expired=on_time)
+        dead = frontier.reap(site, dead=gone_here(owners, self.owner), expired=on_time)
         return dead, len(self._live(owners, on_time, dead)), frontier.count(site), lost
 
     @staticmethod
@@ -1784,22 +1785,6 @@ class FrontierScheduler(BaseScheduler):
                 self.store_failed("refit", result)
 
         return Deferred.fromCoroutine(refit()).addBoth(done)
-
-    def _dead_here(self, owners: Iterable[OwnerInfo]) -> list[str]:
-        """Of ``owners``, those that ran on this machine and whose process is gone."""
-        here = socket.gethostname()
-        dead = []
-        for owner in owners:
-            info = owner.info or {}
-            if owner.owner == self.owner or info.get("host") != here or not info.get("pid"):
-                continue
-            try:
-                os.kill(int(info["pid"]), 0)
-            except ProcessLookupError:
-                dead.append(owner.owner)
-            except (PermissionError, ValueError, OverflowError):
-                continue  # alive under another user, or not a pid
-        return dead
 
     def _join_run(self) -> float:
         """When did this run start? Processes that join a run in progress

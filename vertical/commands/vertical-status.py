@@ -27,6 +27,7 @@ from scrapy.exceptions import UsageError
 from vertical.budget import ALLOWANCE_KEY, day_budget, draw, spent_day
 from vertical.commandline import VerticalCommand
 from vertical.commands.frontier_export import missing_store, open_store
+from vertical.frontier.base import gone_here
 from vertical.policies.refetch import OptimalSchedule
 from vertical.sitemaps import readings
 from vertical.status import format_duration, render, sitemap_summary, summarize
@@ -34,14 +35,19 @@ from vertical.status import format_duration, render, sitemap_summary, summarize
 
 def processes(store: Any, sites: list[str]) -> dict[str, list[dict[str, Any]]]:
     """The crawl processes registered in the store, per site, by owner:
-    ``owner``, ``alive`` (its heartbeat has not run out), ``until`` (when it
+    ``owner``, ``alive`` (its heartbeat has not run out, and its pid is not
+    gone from this machine: as the crawls judge it), ``until`` (when it
     runs out, store clock), ``info`` (what the process said of itself: host,
     pid, started, lane, pages...). Empty for a store without heartbeats."""
-    owners = getattr(store, "owners", None)
-    if owners is None:
+    if getattr(store, "owners", None) is None:
         return {}
-    return {site: [{"owner": o.owner, "alive": o.alive, "until": o.until, "info": dict(o.info)}
-                   for o in owners(site)] for site in sites}
+    found = {}
+    for site in sites:
+        owners = store.owners(site)
+        gone = set(gone_here(owners))
+        found[site] = [{"owner": o.owner, "alive": o.alive and o.owner not in gone, "until": o.until,
+                        "info": dict(o.info)} for o in owners]
+    return found
 
 
 def _budget(store: Any, site: str, now: float) -> dict[str, Any] | None:

@@ -21,6 +21,8 @@ Two clocks meet here, and are never compared with each other:
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -128,6 +130,25 @@ class OwnerInfo:
     until: float
     info: dict[str, Any]
     alive: bool
+
+
+def gone_here(owners: Iterable[OwnerInfo], me: str | None = None) -> list[str]:
+    """Of ``owners`` (but ``me``), those that ran on this machine and whose
+    process is gone: dead at once, whatever their heartbeat says (a
+    SIGKILLed process leaves its last beat running for three more)."""
+    here = socket.gethostname()
+    dead = []
+    for owner in owners:
+        info = owner.info or {}
+        if owner.owner == me or info.get("host") != here or not info.get("pid"):
+            continue
+        try:
+            os.kill(int(info["pid"]), 0)
+        except ProcessLookupError:
+            dead.append(owner.owner)
+        except (PermissionError, ValueError, OverflowError):
+            continue  # alive under another user, or not a pid
+    return dead
 
 
 class Frontier(ABC):
