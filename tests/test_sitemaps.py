@@ -1322,6 +1322,31 @@ def test_a_sitemap_that_answers_304_to_a_request_that_asked_nothing_is_unreadabl
     assert result.stat("vertical/sitemap/unreadable") == 1 and not result.stat("vertical/sitemap/not_modified")
 
 
+def test_a_url_with_a_user_name_is_the_page_without_it(tmp_path):
+    """A link or a sitemap entry written ``http://user@host/x``: the page
+    ``http://host/x``, fetched once. Kept as written, it asked Scrapy for
+    the robots.txt of host ``user@host``, which failed, and that put the
+    whole host off for an hour at every run while the URL waited."""
+    pages = {"/robots.txt": (200, b"User-agent: *\n"), "/x": (200, html()), "/y": (200, html()),
+             "/z": (200, html())}
+    with serving(SmallSite(pages)) as server:
+        netloc = urlsplit(server.url).netloc
+        pages["/"] = (200, html(f"http://user@{netloc}/x", "/x", "/z"))
+        pages["/s.xml"] = (200, f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                f"<url><loc>http://u:pw@{netloc}/y</loc></url><url><loc>/y</loc></url>"
+                                f"</urlset>".encode())
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"])
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+        log = list(server.log)
+    assert sorted(log) == ["/", "/robots.txt", "/s.xml", "/x", "/y", "/z"], log
+    assert not result.stat("vertical/host/postponed") and not result.stat("vertical/robots/postponed")
+    stored = open_frontier(f"sqlite:///{tmp_path / 'f.sqlite3'}")
+    try:
+        assert not [r.url for r in stored.iter_records("news") if "@" in r.url]
+    finally:
+        stored.close()
+
+
 def test_a_robots_txt_sitemap_line_that_is_no_url_is_skipped(tmp_path):
     """``Sitemap: http://[bad/`` in robots.txt: the other sitemaps are read
     and the site is crawled. The line ended Scrapy's reading of the

@@ -21,7 +21,7 @@ from functools import lru_cache
 from hashlib import blake2b
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote_plus, unquote_to_bytes, urljoin, urlsplit
+from urllib.parse import unquote_plus, unquote_to_bytes, urljoin, urlsplit
 
 from idna import uts46_remap  # a Scrapy dependency (through tldextract)
 from w3lib.url import canonicalize_url
@@ -40,7 +40,6 @@ _SCHEME_RE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.\-]*):")
 _C0_OR_SPACE = "".join(map(chr, range(0x21)))
 _TAB_NEWLINE = str.maketrans("", "", "\t\n\r")
 # WHATWG "forbidden domain code points", checked after percent-decoding.
-_USERINFO_SAFE = "!$&'()*+,;=%"
 _FORBIDDEN_HOST_RE = re.compile(r"[\x00-\x20#%/:<>?@\[\\\]^|\x7f]")
 
 
@@ -68,7 +67,9 @@ def canonicalize(url: str, strip_params: Iterable[str] = (), base: str | None = 
       case-insensitive: ``("utm_*", "jsessionid", "phpsessid")``).
 
     The first three points are what w3lib lacks; the rest is
-    :func:`w3lib.url.canonicalize_url`. Userinfo is kept.
+    :func:`w3lib.url.canonicalize_url`. Userinfo (``user:pw@``) is dropped:
+    a crawler fetches the resource without credentials, as Heritrix's
+    StripUserinfoRule canonicalizes.
 
     Raises :class:`ValueError` for a URL that is not http(s) once resolved
     (``mailto:``, ``javascript:``, a relative URL without ``base``), that has
@@ -81,7 +82,7 @@ def canonicalize(url: str, strip_params: Iterable[str] = (), base: str | None = 
 @lru_cache(maxsize=2**16)
 def _canonicalize(url: str, strip_params: tuple[str, ...], base: str | None) -> str:
     scheme, netloc, rest = _split(url, base)
-    userinfo, sep, hostport = netloc.rpartition("@")
+    hostport = netloc.rpartition("@")[2]
     if hostport.startswith("["):
         host, bracket, port = hostport.partition("]")
         host += bracket
@@ -96,11 +97,9 @@ def _canonicalize(url: str, strip_params: tuple[str, ...], base: str | None) -> 
         port = str(int(port))
         if port == _DEFAULT_PORTS[scheme]:
             port = ""
-    if sep:  # WHATWG: no empty password nor empty userinfo; "@[]" escaped
-        user, _, password = userinfo.partition(":")
-        userinfo = quote(user, _USERINFO_SAFE) + (password and ":" + quote(password, _USERINFO_SAFE))
-        sep = "@" if userinfo else ""
-    netloc = f"{userinfo}{sep}{_host(host)}{':' if port else ''}{port}"
+    # Userinfo dropped (Heritrix's StripUserinfoRule): the crawl fetches
+    # without credentials, and Scrapy cannot fetch a host written with them.
+    netloc = f"{_host(host)}{':' if port else ''}{port}"
     if " " in rest:
         rest = rest.replace(" ", "%20")  # w3lib would strip it at the end
     # w3lib also lower-cases what it takes for the host, but splits the netloc
@@ -120,7 +119,7 @@ def fingerprint(url: str) -> int:
     the URLs of one host together (one B-tree neighbourhood per host):
 
     - bits 63..40 (24 bits): BLAKE2b of the host and explicit port (not the
-      scheme nor the userinfo), so http and https URLs of a host share them;
+      scheme), so http and https URLs of a host share them;
     - bits 39..0 (40 bits): BLAKE2b of the whole canonical URL.
 
     The unsigned value is stored in two's complement; each host's range stays
