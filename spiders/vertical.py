@@ -284,6 +284,10 @@ class VerticalSpider(Spider):
             self._robots_named.add(robots)
             self._scheduler.robots_sitemaps(robots, urls)
         wanted = self._sitemap_urls(urls)
+        if robots is not None and (skipped := len(set(urls)) - len(wanted)) > 0:
+            logger.info("robots.txt %s: %d of its Sitemap lines skipped (off the site, or not http(s))", robots,
+                        skipped)
+            self.crawler.stats.inc_value("vertical/sitemap/skipped", skipped)
         self._sitemap_roots.update(wanted)
         self._crawl_sitemaps(self._sitemap_reads(wanted, 0))
 

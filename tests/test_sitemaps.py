@@ -93,6 +93,12 @@ def test_lastmod_formats_and_bodies_that_are_no_sitemap():
     assert lastmod_time("2016-12-31T23:59:60Z") == datetime(2016, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
     assert sitemap_body(Response(BASE + "/page", body=b"<html></html>")) is None
     assert sitemap_body(Response(BASE + "/s.gz", body=gzip.compress(b"x" * 1000)), max_size=100) is None
+    # No XML declaration, no .xml, served untyped or as HTML: its root says what it is.
+    for root in (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">', b"\n <sm:sitemapindex\n"):
+        assert sitemap_body(Response(BASE + "/sitemap", body=root + b"...")) == root + b"..."
+    assert sitemap_body(Response(BASE + "/page", body=b"<urlsetx>")) is None
+    # A gzip file whose deflate stream is corrupt (zlib.error, not OSError).
+    assert sitemap_body(Response(BASE + "/s.xml.gz", body=b"\x1f\x8b\x08\x00" + b"\x00" * 40)) is None
     assert read_sitemap(b"<html><body>no</body></html>", BASE) == ("", [])
     # Some sites date their urlsets as RSS does (RFC 822); a date that is neither is none.
     urlset = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>/a</loc>'
@@ -1351,8 +1357,10 @@ def test_a_robots_txt_sitemap_line_that_is_no_url_is_skipped(tmp_path):
     """``Sitemap: http://[bad/`` in robots.txt: the other sitemaps are read
     and the site is crawled. The line ended Scrapy's reading of the
     sitemaps with an error that took the host's robots.txt with it: the
-    server saw robots.txt alone, run after run."""
-    pages = {"/robots.txt": (200, b"User-agent: *\nSitemap: /good.xml\nSitemap: http://[bad/\n"),
+    server saw robots.txt alone, run after run. Lines off the site, or not
+    http(s), are counted skipped."""
+    pages = {"/robots.txt": (200, b"User-agent: *\nSitemap: /good.xml\nSitemap: http://[bad/\n"
+                                  b"Sitemap: http://elsewhere.example/s.xml\nSitemap: ftp://127.0.0.1/s.xml\n"),
              "/": (200, html("/news/a")), "/news/a": (200, html()), "/news/b": (200, html()),
              "/good.xml": (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
                                 b"<url><loc>/news/b</loc></url></urlset>")}
@@ -1361,6 +1369,7 @@ def test_a_robots_txt_sitemap_line_that_is_no_url_is_skipped(tmp_path):
         log = sorted(server.log)
     assert log == ["/", "/good.xml", "/news/a", "/news/b", "/robots.txt"], log
     assert "Traceback" not in result.log
+    assert result.stat("vertical/sitemap/skipped") == 2
 
 
 def test_a_sitemap_named_on_a_robots_txts_first_line_after_a_bom_is_read_whole(tmp_path):

@@ -110,6 +110,9 @@ _PREDEFINED = ((b"&amp;", b"&#38;"), (b"&lt;", b"&#60;"), (b"&gt;", b"&#62;"), (
 _Kind = Callable[[etree._Element], tuple[str | None, str | None]]
 #: The start tag of a <loc>, where the bytes searched end.
 _LOC_START = re.compile(rb"<(?:[\w.-]+:)?loc(?:\s[^<>]*)?>$")
+#: A sitemap's root element without an XML declaration (served as
+#: ``application/octet-stream`` or ``text/html`` at a path of its own).
+_SITEMAP_ROOT = re.compile(rb"<(?:[\w.-]+:)?(?:urlset|sitemapindex)[\s>]")
 #: A text sitemap's line ends (crawler-commons' too).
 _LINE_END = re.compile(rb"\r\n?|\n")
 
@@ -127,8 +130,9 @@ def sitemap_body(response: Response, max_size: int = 0) -> bytes | None:
     # A .xml.gz the server sent with Content-Encoding: gzip (Apache's
     # AddEncoding, nginx's gzip_static) arrives inflated, as Scrapy's
     # SitemapSpider knows.
+    start = response.body.removeprefix(BOM_UTF8).lstrip()[:64]
     if isinstance(response, XmlResponse) or urlsplit(response.url).path.endswith((".xml", ".xml.gz", ".txt")) \
-            or response.body.removeprefix(BOM_UTF8).lstrip()[:5] == b"<?xml" \
+            or start[:5] == b"<?xml" or _SITEMAP_ROOT.match(start) \
             or response.headers.get(b"Content-Type", b"").lower().startswith(b"text/plain"):
         return response.body
     return None
