@@ -802,6 +802,34 @@ def test_a_sitemap_brings_forward_what_its_record_allows():
     assert free.sitemap_moved(moved, now + DAY)[0] == []
 
 
+def test_the_checks_of_a_sitemaps_claims_are_twenty_at_a_time_over_the_readings():
+    """An index of three sitemaps that stamp every page: read one after
+    another, they bring forward twenty pages to check, not twenty each. A
+    check made frees a place; one not made within a day (another process
+    took the page) frees its place then."""
+    now = 60 * DAY
+    s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY, mu=3600)
+
+    def sitemap(first: int) -> list[tuple[URLRecord, float]]:
+        moved = []
+        for i in range(first, first + 30):
+            page = rec_at(rec(i, level=2), 50 * DAY)
+            page.next_fetch = now + 5 * DAY
+            page.extra[RATE_KEY] = 1 / (30 * DAY)
+            moved.append((page, 55 * DAY))
+        return moved
+
+    first, second, third = sitemap(0), sitemap(30), sitemap(60)
+    due = s.sitemap_moved(first, now)[0]
+    assert len(due) == TRUST_AFTER
+    assert s.sitemap_moved(second, now)[0] == [] and s.sitemap_moved(third, now)[0] == []
+    assert s.sitemap_moved(first, now)[0] == due  # listed again: the same checks
+    for page in due[:5]:
+        s.set_fetched(page, now + 3600, changed=True)
+    assert len(s.sitemap_moved(second, now + 3600)[0]) == 5
+    assert len(s.sitemap_moved(third, now + 2 * DAY)[0]) == TRUST_AFTER
+
+
 def test_optimal_set_budget_spends_the_budget():
     s = OptimalSchedule(initial=DAY, min_delay=3600, max_delay=30 * DAY)
     rng = random.Random(3)

@@ -72,8 +72,9 @@ CHECKING_KEY = "checking"
 #: before the pages merely due.
 BROUGHT_KEY = "brought"
 #: Until fetches checked the sitemap claims of this many of a site's pages,
-#: one reading brings forward at most this many: a sitemap that dates every
-#: page "now" would otherwise make the whole site due at its first reading.
+#: at most this many are brought forward to check them at a time: a sitemap
+#: that dates every page "now" would otherwise make the whole site due at
+#: its first reading (and each sitemap of an index this many more).
 TRUST_AFTER = 20
 #: A claim believed with smaller odds brings no page forward, however cheap a
 #: fetch: the price of a fetch prices the crawl's budget, not the site's
@@ -312,6 +313,10 @@ class OptimalSchedule(FetchSchedule):
         self.probe_lateness = 0.0
         #: What fetches said of the site's sitemap lastmods (see :meth:`sitemap_trust`).
         self.sitemap_truth = SitemapTruth()
+        #: Pages this process brought forward to check a claim, not fetched
+        #: yet: fingerprint -> when. One not fetched within a day (claimed by
+        #: another process, behind a backlog) no longer holds a place.
+        self._checks: dict[int, float] = {}
         #: When the site's sitemaps were last read (by this process or, as of
         #: its start, any before): a lastmod shown then held until then.
         self.sitemap_read_at = 0.0
@@ -649,7 +654,8 @@ class OptimalSchedule(FetchSchedule):
         the pages worth fetching now (:meth:`sitemap_due`) are returned,
         with the records noted. Until :data:`TRUST_AFTER` of the site's
         pages had their claims checked, at most that many are brought
-        forward: those a fetch buys most for.
+        forward to check them at a time, over this process's readings:
+        those a fetch buys most for.
 
         A page brought forward is flagged (:data:`BROUGHT_KEY`) to go before
         the pages merely due: what its fetch buys was weighed against the
@@ -679,7 +685,18 @@ class OptimalSchedule(FetchSchedule):
             if value > 1.0 or (learning and value > 0):
                 worth.append((value, record))
         if learning:
-            worth = nlargest(TRUST_AFTER, worth, key=lambda pair: pair[0])
+            # At most TRUST_AFTER checks under way, over the readings (an
+            # index's sitemaps are read one after another) and the days.
+            pending = self._checks
+            for fingerprint, at in list(pending.items()):
+                if now - at > DAY:
+                    del pending[fingerprint]
+            again = [pair for pair in worth if pair[1].fingerprint in pending]
+            room = max(TRUST_AFTER - len(pending), 0)
+            new = nlargest(room, [pair for pair in worth if pair[1].fingerprint not in pending],
+                           key=lambda pair: pair[0])
+            pending.update((record.fingerprint, now) for _, record in new)
+            worth = sorted(again + new, key=lambda pair: pair[0], reverse=True)
         noted = {id(record) for record in claimed}
         for _, record in worth:
             flags = (BROUGHT_KEY, CHECKING_KEY) if learning else (BROUGHT_KEY,)
@@ -764,10 +781,12 @@ class OptimalSchedule(FetchSchedule):
         return min(self.longest, max(self.min_delay, delay))
 
     def set_gone(self, record: URLRecord, now: float) -> None:
+        self._checks.pop(record.fingerprint, None)
         self._unflag(record)
         super().set_gone(record, now)
 
     def set_failed(self, record: URLRecord, now: float) -> None:
+        self._checks.pop(record.fingerprint, None)
         self._unflag(record)
         super().set_failed(record, now)
 
@@ -795,6 +814,7 @@ class OptimalSchedule(FetchSchedule):
                                        first_rendered=self.min_delay)
         probed = record.extra.pop(PROBING_KEY, None)
         checking = record.extra.pop(CHECKING_KEY, None)
+        self._checks.pop(record.fingerprint, None)
         brought = record.extra.pop(BROUGHT_KEY, None)
         if anyway is not None:
             before = record.extra.get(CLAIMS_KEY)
