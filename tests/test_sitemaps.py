@@ -855,6 +855,36 @@ def test_a_sitemap_whose_lastmods_lie_stops_steering_the_crawl(request, tmp_path
         assert all(listed[p][0] == 1 and listed[p][2] == pytest.approx(start - DAY) for p in paths[16:]), listed
 
 
+def test_an_index_of_sitemaps_that_stamp_every_page_brings_twenty_to_check_not_twenty_each(tmp_path):
+    """Sixty pages in the three sitemaps of an index, none due for three
+    days; a day later every lastmod moved (a rebuild) and no page changed.
+    Until the site's claims are checked, twenty pages are brought forward
+    to check them in all: the three readings brought twenty each."""
+    start = time.time()
+    paths = [f"/p{i}" for i in range(60)]
+    pages = stamped_site(paths, dict.fromkeys(paths, start - DAY))
+    children = [paths[i:i + 20] for i in (0, 20, 40)]
+
+    def stamp(when: float) -> None:
+        for n, child in enumerate(children):
+            pages[f"/s{n}.xml"] = (200, _stamped(child, dict.fromkeys(child, when)))
+
+    pages["/sitemap.xml"] = (200, b'<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                  + b"".join(b"<sitemap><loc>/s%d.xml</loc></sitemap>" % n for n in range(3))
+                                  + b"</sitemapindex>")
+    stamp(start - DAY)
+    with small_site_server(pages) as server:
+        site = stamped_config(tmp_path, server)
+        crawl(site, tmp_path / "f.sqlite3", tmp_path, tag="1")
+        assert set(paths) <= set(server.log)
+        stamp(start + DAY / 2)
+        server.log.clear()
+        second = crawl(site, tmp_path / "f.sqlite3", tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": DAY})
+        fetched = [p for p in server.log if p in paths]
+    assert second.stat("vertical/sitemap/urlset") == 3
+    assert 0 < len(fetched) <= TRUST_AFTER, fetched
+
+
 def test_pages_a_sitemap_brings_forward_go_before_the_backlog(tmp_path):
     """A hundred and twenty pages, none due for three days after its fetch.
     Run 2, a day after run 1, checks the claims of twenty pages whose
