@@ -24,8 +24,8 @@ from vertical.config import ConfigError, parse_site
 from vertical.demo.server import HangUp, serve
 from vertical.demo.site import BulkSite, DemoResponse, DemoSite
 from vertical.frontier import open_frontier
-from vertical.budget import (ALLOWANCE_KEY, PACE_BURST, RunAllowance, budget_set, day_budget, draw, pace_burst,
-                             spent_day)
+from vertical.budget import (ALLOWANCE_KEY, PACE_BURST, RunAllowance, budget_set, day_budget, draw, newer_config,
+                             pace_burst, spent_day)
 
 START = {"start_urls": ["http://a.example/"]}
 DAY = 86400.0
@@ -195,6 +195,7 @@ def test_continuous_crawl_spends_no_more_than_its_budget(tmp_path):
     assert per_day - fetched <= summary["budget"].pop("allowance") <= per_day
     assert summary["budget"].pop("spent") == fetched
     assert [value for _, value in summary["budget"].pop("history")] == [per_day]
+    assert summary["budget"].pop("asked_at") <= time.time() + DAY  # when the run started, on its clock
     assert summary["budget"] == {"per_day": per_day, "asked": per_day, "ceiling": 2 * DAY / 0.05}
     assert 0 < summary["total"]["fetched_day"] <= fetched
     text = subprocess.run(
@@ -268,6 +269,50 @@ def test_continuous_crawl_processes_share_one_pace_however_they_start(tmp_path):
     assert 0 < fetched <= pace_bound(per_day, ended - began)
 
 
+def test_a_budget_edited_for_a_later_run_governs_the_running_processes(tmp_path, frontier_uri):
+    """A continuous process of a site at 86,400 fetches a day; another
+    started later with the site's config edited to 8,640 (a config file of
+    its own, the same site and store). The budget is the site's: from the
+    first one's next heartbeat on, the two together keep to the newer
+    budget, counted at the server. Before, the first process kept drawing
+    at its own (three processes, one restarted with the lower budget: 23
+    fetches in 51 s where it allowed 6.7). On each store backend."""
+    old, new, heartbeat, window = 86400.0, 8640.0, 2.0, 30.0
+    with serve(LibrarySite(documents=2000)) as server:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+        first, edited = _library(tmp_path / "a", server.url, int(old)), _library(tmp_path / "b", server.url, int(new))
+        docs = lambda: [r["t"] for r in server.requests if r["path"].startswith("/doc/")]  # noqa: E731
+        start = partial(start_crawl, store=frontier_uri, args={"mode": "continuous"},
+                        settings={"VERTICAL_HEARTBEAT": heartbeat})
+        procs = [start(first, workdir=tmp_path / "a")]
+        try:
+            wait_for(lambda: len(docs()) >= pace_burst(old), timeout=120)  # spending at its budget
+            procs.append(start(edited, workdir=tmp_path / "b"))
+            # Logged once the new budget is in the store: the first process
+            # reads it at its next heartbeat.
+            wait_for(lambda: "Frontier " in crawl_log(tmp_path / "b"), timeout=120)
+            began = time.time() + heartbeat
+            time.sleep(heartbeat + window)
+            ended = time.time()
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=60)
+        assert [proc.returncode for proc in procs] == [0, 0]
+    fetched = sum(began <= t <= ended for t in docs())
+    # What each process held at the switch, drawn at its own budget (a
+    # paced draw takes at most a pace bucket), then the pace, capped to the
+    # new budget's bucket by the first draw after it, and what accrues.
+    bound = math.floor(pace_burst(old)) + math.floor(pace_burst(new)) + pace_burst(new) + new * (ended - began) / DAY
+    print(f"{fetched} pages in {ended - began:.1f}s after the switch; bound {bound:.1f}")
+    assert 0 < fetched <= bound
+    assert "refetch.budget is now 8,640 a day, from a run started later" in crawl_log(tmp_path / "a")
+    with open_frontier(frontier_uri) as frontier:
+        assert frontier.get_meta("library", "budget")["asked"] == new
+
+
 def test_a_budget_above_politeness_is_capped_and_said(tmp_path):
     """Politeness allows one request per delay: Scrapy's download slot sends
     no faster whatever its concurrency (the ceiling counted 4 a second at a
@@ -305,6 +350,7 @@ def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together
         budget = frontier.get_meta("bulk", "budget")
         history = budget.pop("history")  # the rise, for vertical-status
         assert [value for _, value in history] == [172_800, 400_000]
+        assert budget.pop("asked_at") > history[-1][0]  # the second run's start, after the first run
         assert budget == {"per_day": 400_000, "asked": 400_000, "ceiling": 3 * DAY / 0.5}
         assert 400_000 - fetched <= frontier.get_meta("bulk", ALLOWANCE_KEY)["tokens"] <= 400_000
     finally:
@@ -502,6 +548,34 @@ def test_a_budget_changed_within_the_day_is_held_for_its_hours():
     assert later["history"] == [[16 * 3600, 6.0], [DAY + 17 * 3600, 30.0]]
     # A meta written before the history was kept: its budget since before the day.
     assert at(20.0, {"per_day": 100.0, "asked": 100.0}, DAY)["history"] == [[0.0, 100.0], [DAY, 20.0]]
+
+
+def test_a_config_edited_for_a_later_run_is_never_written_over_by_an_earlier_one():
+    """The budget meta is the site's newest config's: a process started
+    before the config was edited (its ``asked_at`` earlier) leaves it as it
+    is, even where its own politeness ceiling changed, until it takes the
+    newer config at its heartbeat; then its writes count again. The older
+    one wrote its budget back."""
+    def budget(asked: float | None, asked_at: float, ceiling: float = 1e6) -> dict:
+        per_day = ceiling if asked is None else min(asked, ceiling)
+        return {"per_day": per_day, "asked": asked, "ceiling": ceiling, "asked_at": asked_at}
+
+    stored = budget_set(budget_set(None, budget(43200.0, 100.0), 100.0), budget(8640.0, 500.0), 500.0)
+    assert stored["asked"] == 8640.0 and stored["history"] == [[100.0, 43200.0], [500.0, 8640.0]]
+    assert budget_set(stored, budget(43200.0, 100.0, ceiling=20000.0), 600.0) == stored
+    assert newer_config(stored, 100.0) == (8640.0, 500.0)
+    # Taken: the older process's writes are the newer config's.
+    assert newer_config(stored, 500.0) is None
+    took = budget_set(stored, budget(8640.0, 500.0, ceiling=5000.0), 700.0)
+    assert took["per_day"] == 5000.0 and took["history"][-1] == [700.0, 5000.0]
+    # A later run's own, newer still, and auto.
+    assert budget_set(took, budget(None, 900.0), 900.0)["history"][-1] == [900.0, None]
+    assert newer_config(budget_set(took, budget(None, 900.0), 900.0), 500.0) == (None, 900.0)
+    # A meta written before "asked_at" was kept, or not ours: no config to take, any run writes over it.
+    assert newer_config({"per_day": 100.0, "asked": 100.0}, 0.0) is None
+    assert newer_config({"per_day": 100.0, "asked": "lots", "asked_at": 50.0}, 0.0) is None
+    assert newer_config("junk", 0.0) is None
+    assert budget_set({"per_day": 100.0, "asked": 100.0}, budget(20.0, 10.0), 10.0)["asked"] == 20.0
 
 
 def test_a_continuous_crawl_waits_for_the_allowance_to_fill():

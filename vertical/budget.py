@@ -35,7 +35,7 @@ import math
 from typing import Any
 
 __all__ = ["ALLOWANCE_KEY", "PACE_BURST", "RunAllowance", "budget_set", "day_budget", "draw", "format_fetches",
-           "pace_burst", "spent_day"]
+           "newer_config", "pace_burst", "spent_day"]
 
 DAY = 86400.0
 #: A paced crawl may spend this many seconds of its budget at once: enough
@@ -286,12 +286,34 @@ def spent_day(stored: Any, now: float) -> float | None:
     return total
 
 
+def newer_config(stored: Any, asked_at: float) -> tuple[float | None, float] | None:
+    """The ``"asked"`` and ``"asked_at"`` of a stored budget meta when a run
+    started after ``asked_at`` asked for it (its config, edited since, is
+    the site's now); None otherwise, or when the meta is not ours or
+    predates ``"asked_at"``."""
+    if not isinstance(stored, dict):
+        return None
+    at, asked = stored.get("asked_at"), stored.get("asked")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at <= asked_at:
+        return None
+    if asked is not None and (isinstance(asked, bool) or not isinstance(asked, (int, float))
+                              or not (math.isfinite(asked) and asked > 0)):
+        return None
+    return (None if asked is None else float(asked)), float(at)
+
+
 def budget_set(stored: Any, budget: dict[str, Any], now: float) -> dict[str, Any]:
     """The site meta ``budget`` once a crawl sets ``budget`` at ``now``,
     with ``"history"``: ``[since, fetches a day]`` for each budget in force
     within the last day, oldest first (None for ``auto``, which no
-    allowance charges), for :func:`day_budget`. For the store's
-    ``update_meta``: pure."""
+    allowance charges), for :func:`day_budget`. The budget is the site's,
+    and the newest config's: ``budget["asked_at"]`` is when the run whose
+    config asked for it started, and a stored budget asked for by a run
+    started later is left as it is (a process started before the config
+    was edited must not write its old budget back; it takes the new one at
+    its heartbeat). For the store's ``update_meta``: pure."""
+    if newer_config(stored, budget.get("asked_at", -math.inf)) is not None:
+        return stored
     value = budget["per_day"] if budget.get("asked") is not None else None
     history: list[list[Any]] = []
     if isinstance(stored, dict):

@@ -80,7 +80,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
-from vertical.budget import ALLOWANCE_KEY, RunAllowance, budget_set, draw, format_fetches
+from vertical.budget import ALLOWANCE_KEY, RunAllowance, budget_set, draw, format_fetches, newer_config
 from vertical.commit import META_RECORD, FrontierCommit
 from vertical.compat import existing_slot, slot_active, slot_concurrency, slot_transferring, wake_engine
 from vertical.config import host_allowed
@@ -207,6 +207,12 @@ class FrontierScheduler(BaseScheduler):
         # those of the sampled records, those with a robots.txt Crawl-delay.
         self._site_hosts: set[str] = set()
         self._budget: dict[str, Any] = {}  # the budget as the store's meta shows it
+        # The site's refetch.budget (None: auto), and when the run whose config
+        # asked for it started (crawl clock): this run's, or a later run's
+        # whose config was edited (_take_budget).
+        self._asked: float | None = None
+        self._asked_at = -math.inf
+        self._kept_budget = False  # warned that a later run's budget is not taken
         self._fit: tuple[int, list[URLRecord]] | None = None  # the records and sample last fitted to
         self._records = 0  # the site's records as far as this process knows: at open, plus its inserts
         self._discovered: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
@@ -419,6 +425,7 @@ class FrontierScheduler(BaseScheduler):
         self.max_pages = int(getattr(spider, "pages", 0) or self._settings.getint("VERTICAL_MAX_PAGES"))
         seconds = float(getattr(spider, "seconds", 0) or self._settings.getfloat("VERTICAL_MAX_SECONDS"))
         self.run_start = self.now()
+        self._asked, self._asked_at = refetch.budget, self.run_start
         self.deadline = self.run_start + seconds if seconds else 0.0
         # Within one run a URL is fetched at most once (by any process);
         # a continuous crawl has no end, so its URLs come back when due.
@@ -484,14 +491,15 @@ class FrontierScheduler(BaseScheduler):
         with ``auto`` what politeness allows, never more than that: each
         known host's politeness (its delay, or its robots.txt
         ``Crawl-delay``), summed, as Scrapy gives each host a download slot
-        of its own. Returns whether it changed. The store's meta
-        (``budget``) shows it to ``vertical-status``."""
+        of its own. ``refetch.budget`` is the newest config's, this run's or
+        a later run's (:meth:`_take_budget`). Returns whether it changed.
+        The store's meta (``budget``) shows it to ``vertical-status``."""
         pol = self.site.politeness
         ceiling = sum(pol.fetches_per_day(self._host_delay(host)) for host in self._site_hosts) \
             or pol.fetches_per_day()
-        asked = self.site.refetch.budget
+        asked = self._asked
         per_day = ceiling if asked is None else min(asked, ceiling)
-        budget = {"per_day": per_day, "asked": asked, "ceiling": ceiling}
+        budget = {"per_day": per_day, "asked": asked, "ceiling": ceiling, "asked_at": self._asked_at}
         before, self._budget = self._budget, budget
         if budget == before:
             return False
@@ -502,14 +510,16 @@ class FrontierScheduler(BaseScheduler):
                            "host(s) it is known to span so far (one fetch per delay, %gs or a host's robots.txt "
                            "Crawl-delay): spending at most %s", self.site.name, format_fetches(asked), hosts,
                            pol.delay, format_fetches(ceiling))
-        elif before:
+        elif before and ceiling != before["ceiling"]:
             logger.info("Site %r is known to span %d host(s): politeness allows %s fetches a day, and its budget "
                         "is %s", self.site.name, hosts, format_fetches(ceiling), format_fetches(per_day))
         if (allowance := self.allowance) is not None:
             # The site's day now holds more: what it adds goes to the stored
             # allowance (capped at a day's budget, so a rise that every
-            # process sees is counted once).
-            if per_day > allowance.per_day:
+            # process sees is counted once). Not a budget edited in the
+            # config: the allowance fills at its rate from then, as at the
+            # start of the run that asked for it.
+            if per_day > allowance.per_day and asked == before.get("asked"):
                 rise = partial(draw, want=0.0, now=self.now(), per_day=per_day, rise=per_day - allowance.per_day)
                 self._call(self.frontier.update_meta, self.site.name, ALLOWANCE_KEY, rise).addErrback(
                     partial(self.store_failed, "allowance"))
@@ -1629,10 +1639,11 @@ class FrontierScheduler(BaseScheduler):
         return d
 
     def _beat_here(self, info: dict[str, Any], held: list[int],
-                   asked: float) -> tuple[list[str], int, int, set[int]]:
+                   asked: float) -> tuple[list[str], int, int, set[int], Any]:
         """The heartbeat's store calls (on the store thread). Returns the
         owners reaped, how many live processes crawl the site, how many
-        records it has, and which claims of ``held`` this process lost.
+        records it has, which claims of ``held`` this process lost, and the
+        site's budget meta (a later run's config may have changed it).
         Owners whose mark of life ran out are reaped only when this process's
         beats were on time (see :meth:`_beats_on_time`), this one too: one
         held up by the store (it waited out an outage) finds every other mark
@@ -1645,7 +1656,8 @@ class FrontierScheduler(BaseScheduler):
         owners = frontier.owners(site)
         on_time = self._beats_on_time(asked)
         dead = frontier.reap(site, dead=gone_here(owners, self.owner), expired=on_time)
-        return dead, len(self._live(owners, on_time, dead)), frontier.count(site), lost
+        return dead, len(self._live(owners, on_time, dead)), frontier.count(site), lost, \
+            frontier.get_meta(site, "budget")
 
     @staticmethod
     def _live(owners: Iterable[OwnerInfo], on_time: bool, dead: Iterable[str]) -> set[str]:
@@ -1655,8 +1667,10 @@ class FrontierScheduler(BaseScheduler):
         gone = set(dead)
         return {o.owner for o in owners if (o.alive or not on_time) and o.owner not in gone}
 
-    def _beaten(self, beat: tuple[list[str], int, int, set[int]], asked: float, held: list[int]) -> None:
-        dead, processes, records, lost = beat
+    def _beaten(self, beat: tuple[list[str], int, int, set[int], Any], asked: float, held: list[int]) -> None:
+        dead, processes, records, lost, budget = beat
+        if self._fit is not None:
+            self._take_budget(budget)
         if self._fit is not None and records > self._records:
             # Grown by other processes too: a process that opened on an
             # empty store refits when the site has, not only its own part.
@@ -1684,6 +1698,38 @@ class FrontierScheduler(BaseScheduler):
 
     def _beat_done(self, _: Any) -> None:
         self._beating = False
+
+    def _take_budget(self, stored: Any) -> None:
+        """The budget is the site's: a run started later, its config edited,
+        wrote its ``refetch.budget`` (the ``stored`` meta, read at each
+        heartbeat), and this process spends it from now on, its allowance and
+        price of a fetch with it. Between ``auto`` and a number it keeps its
+        own until it restarts: the allowance (draws under way, fetches held
+        and owed, the pace's wake-ups, early claims) is there or not for the
+        whole run."""
+        if (newer := newer_config(stored, self._asked_at)) is None:
+            return
+        asked, asked_at = newer
+        site = self.site.name
+        if (asked is None) != (self._asked is None):
+            if not self._kept_budget:
+                self._kept_budget = True
+                logger.warning("Site %r: a run started later with an edited config asks refetch.budget %s; this "
+                               "process keeps %s until it restarts", site,
+                               "auto" if asked is None else f"{format_fetches(asked)} a day",
+                               "auto" if self._asked is None else f"{format_fetches(self._asked)} a day")
+            return
+        # This process's writes are the newer config's now (a copy: a write
+        # under way may read the one it was given again).
+        self._asked_at, self._budget = asked_at, {**self._budget, "asked_at": asked_at}
+        if asked == self._asked or asked is None:
+            return
+        self._asked = asked
+        logger.info("Site %r: refetch.budget is now %s a day, from a run started later with an edited config",
+                    site, format_fetches(asked))
+        if self._settle_budget():
+            self._write_budget()
+            self._fit_budget()
 
     @property
     def _schedule_key(self) -> str:
