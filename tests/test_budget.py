@@ -325,6 +325,29 @@ def test_a_budget_above_politeness_is_capped_and_said(tmp_path):
     assert "more than politeness allows" in result.log
 
 
+def test_a_budget_capped_by_the_first_robots_txt_is_the_days_and_said(tmp_path):
+    """One host whose robots.txt asks 10 s between fetches, a budget of
+    50,000 a day: the run sets it before robots.txt is read, and caps it to
+    8,640 before the host's first page goes out. The cap is a warning, as
+    when known at the start (it was a line of INFO), and the day's budget
+    that ``vertical-status`` holds the spend against is 8,640, not 49,985."""
+    with serve(LibrarySite(documents=3, crawl_delay=10)) as server:
+        config = _library(tmp_path, server.url, 50000)
+        store = tmp_path / "f.sqlite3"
+        result = crawl(config, store, tmp_path, args={"pages": 1})
+    assert result.returncode == 0
+    assert [line for line in result.log.splitlines() if "more than politeness allows" in line
+            and "spending at most 8,640" in line and "WARNING" in line]
+    with open_frontier(f"sqlite:///{store}") as frontier:
+        assert [value for _, value in frontier.get_meta("library", "budget")["history"]] == [8640.0]
+    out = subprocess.run(
+        [sys.executable, "-m", "scrapy", "vertical-status", "--json", "-s", f"VERTICAL_STORE=sqlite:///{store}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )
+    budget = json.loads(out.stdout)["sites"]["library"]["budget"]
+    assert budget["per_day"] == 8640.0 and "day" not in budget
+
+
 def test_a_site_of_several_hosts_may_spend_what_their_politeness_allows_together(tmp_path):
     """Each host has a download slot of its own: a site of three hosts at a
     delay of 0.5 s may take 3 × 172,800 fetches a day. The ceiling was one
@@ -548,6 +571,33 @@ def test_a_budget_changed_within_the_day_is_held_for_its_hours():
     assert later["history"] == [[16 * 3600, 6.0], [DAY + 17 * 3600, 30.0]]
     # A meta written before the history was kept: its budget since before the day.
     assert at(20.0, {"per_day": 100.0, "asked": 100.0}, DAY)["history"] == [[0.0, 100.0], [DAY, 20.0]]
+
+
+def test_a_budget_a_run_replaced_before_its_first_fetch_is_not_the_days():
+    """A run of one host with ``refetch.budget: 50000`` sets it before it
+    has read robots.txt, and caps it to 8,640 (``Crawl-delay: 10``) 0.02 s
+    later, before the host's first page went out. Kept, the first budget
+    counted from the day's start, and ``vertical-status`` said "8,640 a day
+    (0%; ...; 50,000 a day until 30.8s ago: 49,985 over the day)" for the
+    next 24 hours. Replaced, the day's budget is the one in force."""
+    t = 1000.0
+    set_at_open = {"per_day": 50000.0, "asked": 50000.0, "ceiling": 3456000.0, "asked_at": t}
+    capped = {**set_at_open, "per_day": 8640.0, "ceiling": 8640.0}
+    opened = budget_set(None, set_at_open, t)
+    replaced = budget_set(opened, capped, t + 0.02, unspent=t)
+    assert replaced["history"] == [[t + 0.02, 8640.0]]
+    assert day_budget(replaced, t + 30.8) == 8640.0
+    # A page went out under it (no ``unspent``), or the budget last kept is
+    # another writer's: it was in force, and the first counts from the day's start.
+    kept = budget_set(opened, capped, t + 0.02)
+    assert kept["history"] == [[t, 50000.0], [t + 0.02, 8640.0]]
+    assert round(day_budget(kept, t + 30.8)) == 49985
+    assert budget_set(opened, capped, t + 0.02, unspent=t - 5)["history"] == kept["history"]
+    # Not the first: the budget before it is in force still, from when it was set.
+    lowered = budget_set({**opened, "history": [[0.0, 8640.0], [t, 50000.0]]}, capped, t + 0.02, unspent=t)
+    assert lowered["history"] == [[0.0, 8640.0]]
+    # The same budget set again by a run that fetched nothing: nothing moves.
+    assert budget_set(opened, set_at_open, t + 60, unspent=t)["history"] == [[t, 50000.0]]
 
 
 def test_a_config_edited_for_a_later_run_is_never_written_over_by_an_earlier_one():

@@ -302,11 +302,16 @@ def newer_config(stored: Any, asked_at: float) -> tuple[float | None, float] | N
     return (None if asked is None else float(asked)), float(at)
 
 
-def budget_set(stored: Any, budget: dict[str, Any], now: float) -> dict[str, Any]:
+def budget_set(stored: Any, budget: dict[str, Any], now: float, unspent: float | None = None) -> dict[str, Any]:
     """The site meta ``budget`` once a crawl sets ``budget`` at ``now``,
     with ``"history"``: ``[since, fetches a day]`` for each budget in force
     within the last day, oldest first (None for ``auto``, which no
-    allowance charges), for :func:`day_budget`. The budget is the site's,
+    allowance charges), for :func:`day_budget`. ``unspent`` is when the
+    writer last set the budget, if no page of its went out since: a budget
+    it set then, still the last one kept, was in force for no fetch (set at
+    a run's start, capped once its first robots.txt gave a Crawl-delay,
+    which comes before the host's first page) and is replaced, not kept as
+    the day's. The budget is the site's,
     and the newest config's: ``budget["asked_at"]`` is when the run whose
     config asked for it started, and a stored budget asked for by a run
     started later is left as it is (a process started before the config
@@ -324,6 +329,10 @@ def budget_set(stored: Any, budget: dict[str, Any], now: float) -> dict[str, Any
         if not history and stored.get("per_day"):
             # Written before the history was kept: in force since before the day.
             history = [[0.0, stored["per_day"] if stored.get("asked") is not None else None]]
+    if unspent is not None and history and history[-1][0] == unspent and history[-1][1] != value:
+        # Kept, the first budget counts from the day's start (day_budget):
+        # 50,000 for an instant showed as the day's for the next 24 hours.
+        history.pop()
     if not history or history[-1][1] != value:
         history.append([now, value])
     # The one in force when the day began, and those since.

@@ -213,6 +213,9 @@ class FrontierScheduler(BaseScheduler):
         self._asked: float | None = None
         self._asked_at = -math.inf
         self._kept_budget = False  # warned that a later run's budget is not taken
+        # When this run last wrote the budget (crawl clock), while no page of
+        # its has gone out since: see budget_set.
+        self._budget_unspent: float | None = None
         self._fit: tuple[int, list[URLRecord]] | None = None  # the records and sample last fitted to
         self._records = 0  # the site's records as far as this process knows: at open, plus its inserts
         self._discovered: dict[int, tuple[str, str, int, URLRecord | None, bool]] = {}
@@ -440,8 +443,9 @@ class FrontierScheduler(BaseScheduler):
         self.barren = BarrenGuard.for_site(site, _FilterOnly(self.seen), on_room=self._wake_engine)
         self._site_hosts.update(host_of(url) for url in site.start_urls)
         await self._fit_schedule(records)
-        await call(self.frontier.update_meta, site.name, "budget", partial(budget_set, budget=self._budget,
-                                                                          now=self.now()))
+        now = self.now()
+        await call(self.frontier.update_meta, site.name, "budget", partial(budget_set, budget=self._budget, now=now))
+        self._budget_unspent = now
         # The schedule fits delays to the budget; the crawl must also keep
         # to it when more is due than the budget pays for.
         if site.refetch.budget:
@@ -505,7 +509,8 @@ class FrontierScheduler(BaseScheduler):
             return False
         self.stats.set_value("vertical/budget/per_day", per_day)
         hosts = len(self._site_hosts)
-        if not before and asked is not None and asked > ceiling:
+        if asked is not None and asked > ceiling and per_day != before.get("per_day"):
+            # Capped, at the start or since (a robots.txt Crawl-delay read).
             logger.warning("refetch.budget of site %r is %s fetches a day, more than politeness allows on the %d "
                            "host(s) it is known to span so far (one fetch per delay, %gs or a host's robots.txt "
                            "Crawl-delay): spending at most %s", self.site.name, format_fetches(asked), hosts,
@@ -597,7 +602,9 @@ class FrontierScheduler(BaseScheduler):
 
     def _write_budget(self) -> None:
         """Write the budget to the store's meta, once it changed during the run."""
-        set_budget = partial(budget_set, budget=self._budget, now=self.now())
+        now = self.now()
+        set_budget = partial(budget_set, budget=self._budget, now=now, unspent=self._budget_unspent)
+        self._budget_unspent = now
         self._call(self.frontier.update_meta, self.site.name, "budget", set_budget).addErrback(
             partial(self.store_failed, "meta"))
 
@@ -1859,6 +1866,8 @@ class FrontierScheduler(BaseScheduler):
         return set(urls)
 
     def _reached_downloader(self, request: Request) -> None:
+        if _costs_a_fetch(request):
+            self._budget_unspent = None  # a page went out under the budget last written
         record = request.meta.get(META_RECORD)
         if record is not None:
             self._arrived(record.fingerprint)
