@@ -15,6 +15,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -198,6 +199,48 @@ def test_monitor_backs_off_from_a_crawl_that_keeps_dying(scrapyd, deployment, tm
         now[0] += 5
         assert monitor.poll() == {"nosuchsite": f"waiting {wait}s"}
         now[0] += wait
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie no reaper took counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "stopped"])
+def test_a_continuous_job_stops_when_its_scrapyd_is_gone(scrapyd, deployment, tmp_path, signum):
+    """Scrapyd, killed or stopped, leaves its jobs running, and back it
+    knows none of them: a continuous job would crawl on out of reach of
+    cancel.json while the monitor scheduled the site again (each restart of
+    Scrapyd a process more). The job sees it has another parent and stops,
+    as a crawl stopped by hand does."""
+    with serve(DemoSite(seed=0)) as demo:
+        sites = tmp_path / "sites"
+        sites.mkdir()
+        site_file(sites, demo.url, politeness={"delay": 0.3, "concurrency": 1})
+        settings = {"VERTICAL_STORE": f"sqlite:///{tmp_path / 'frontier.sqlite3'}", "VERTICAL_SITES": str(sites)}
+        job = scrapyd.schedule(PROJECT, SPIDER, site="demo", mode="continuous", settings=settings)
+        try:
+            pid = wait_for(lambda: next((j["pid"] for j in scrapyd.get("listjobs.json", project=PROJECT)["running"]
+                                         if j["id"] == job), None), timeout=120)
+            wait_for(lambda: len(demo.requests) >= 3, timeout=120)  # crawling
+            scrapyd.process.send_signal(signum)
+            scrapyd.process.wait(timeout=60)
+            scrapyd.process = None
+            # It looks every 5 s, then closes as a crawl does.
+            wait_for(lambda: not _alive(pid), timeout=120)
+        finally:
+            if _alive(locals().get("pid", 0) or 0):
+                os.kill(pid, signal.SIGKILL)
+            if scrapyd.process is None:
+                scrapyd.start()
+    log = scrapyd.job_log(PROJECT, SPIDER, job)
+    assert "is gone: it can no longer list or cancel the job" in log and "'finish_reason': 'scrapyd_gone'" in log
+    assert "Traceback" not in log, log[-3000:]
+    assert scrapyd.get("listjobs.json", project=PROJECT)["running"] == []
 
 
 def test_a_monitored_site_owns_only_its_own_jobs():

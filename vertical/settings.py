@@ -66,6 +66,8 @@ EXTENSIONS = {
     # The commit of fetched pages to the frontier (vertical/commit.py).
     "vertical.commit.FrontierCommit": 0,
     "vertical.extensions.StatsFile": 0,
+    # A continuous Scrapyd job stops when its Scrapyd is gone.
+    "vertical.extensions.ScrapydOrphan": 0,
     # A host's politeness delay counts from the end of its last download.
     "vertical.extensions.DelayAfterDownload": 0,
     "middlewares.dns.DNSCacheStats": 0,
