@@ -311,8 +311,8 @@ def budget_set(stored: Any, budget: dict[str, Any], now: float, unspent: float |
     it set then, still the last one kept, was in force for no fetch (set at
     a run's start, capped once its first robots.txt gave a Crawl-delay,
     which comes before the host's first page) and is replaced, not kept as
-    the day's. The budget is the site's,
-    and the newest config's: ``budget["asked_at"]`` is when the run whose
+    the day's. The budget is the site's, and the newest config's:
+    ``budget["asked_at"]`` is when the run whose
     config asked for it started, and a stored budget asked for by a run
     started later is left as it is (a process started before the config
     was edited must not write its old budget back; it takes the new one at
@@ -330,8 +330,8 @@ def budget_set(stored: Any, budget: dict[str, Any], now: float, unspent: float |
             # Written before the history was kept: in force since before the day.
             history = [[0.0, stored["per_day"] if stored.get("asked") is not None else None]]
     if unspent is not None and history and history[-1][0] == unspent and history[-1][1] != value:
-        # Kept, the first budget counts from the day's start (day_budget):
-        # 50,000 for an instant showed as the day's for the next 24 hours.
+        # Kept, the first budget would count from the day's start
+        # (day_budget): one in force for an instant, the day's for 24 hours.
         history.pop()
     if not history or history[-1][1] != value:
         history.append([now, value])

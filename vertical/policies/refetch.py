@@ -74,7 +74,7 @@ BROUGHT_KEY = "brought"
 #: Until fetches checked the sitemap claims of this many of a site's pages,
 #: at most this many are brought forward to check them at a time: a sitemap
 #: that dates every page "now" would otherwise make the whole site due at
-#: its first reading (and each sitemap of an index this many more).
+#: its first reading.
 TRUST_AFTER = 20
 #: A claim believed with smaller odds brings no page forward, however cheap a
 #: fetch: the price of a fetch prices the crawl's budget, not the site's
