@@ -208,8 +208,9 @@ class FrontierScheduler(BaseScheduler):
         self._site_hosts: set[str] = set()
         self._budget: dict[str, Any] = {}  # the budget as the store's meta shows it
         # The site's refetch.budget (None: auto), and when the run whose config
-        # asked for it started (crawl clock): this run's, or a later run's
-        # whose config was edited (_take_budget).
+        # asked for it started: this run's, or a later run's whose config was
+        # edited (_take_budget). On the machine's clock: a run on a crawl
+        # clock set ahead (VERTICAL_TIME_OFFSET) is not the later for it.
         self._asked: float | None = None
         self._asked_at = -math.inf
         self._kept_budget = False  # warned that a later run's budget is not taken
@@ -428,7 +429,7 @@ class FrontierScheduler(BaseScheduler):
         self.max_pages = int(getattr(spider, "pages", 0) or self._settings.getint("VERTICAL_MAX_PAGES"))
         seconds = float(getattr(spider, "seconds", 0) or self._settings.getfloat("VERTICAL_MAX_SECONDS"))
         self.run_start = self.now()
-        self._asked, self._asked_at = refetch.budget, self.run_start
+        self._asked, self._asked_at = refetch.budget, self._started
         self.deadline = self.run_start + seconds if seconds else 0.0
         # Within one run a URL is fetched at most once (by any process);
         # a continuous crawl has no end, so its URLs come back when due.
