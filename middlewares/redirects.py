@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import zlib
 from typing import TYPE_CHECKING
-from urllib.parse import urldefrag, urljoin
+from urllib.parse import urldefrag, urljoin, urlsplit
 
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import HtmlResponse, TextResponse
@@ -135,6 +135,11 @@ class FrontierRedirectMiddleware:
             raise IgnoreRequest(f"sitemap {chain[0]} redirects in a loop, back to {target}")
         site = self.crawler.engine.scheduler.site  # type: ignore[union-attr]
         if target is not None and sitemap_wanted(site, target, page=False):
+            parts = urlsplit(target)
+            if "@" in parts.netloc:
+                # Scrapy follows it as written, and cannot fetch a host
+                # written with a user name: read without it, as a page is.
+                response.headers[b"Location"] = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
             return
         self.stats.inc_value("vertical/redirect/offsite")
         raise IgnoreRequest(f"sitemap {request.url} redirects off the site, to {target}")

@@ -71,11 +71,15 @@ def test_a_killed_process_on_this_machine_is_shown_dead_at_once(frontier):
     here = socket.gethostname()
     frontier.heartbeat("demo", f"{here}:{killed.pid}:dead", 60, {"host": here, "pid": killed.pid})
     frontier.heartbeat("demo", f"{here}:{os.getpid()}:live", 60, {"host": here, "pid": os.getpid()})
+    # What is no pid of this machine's is left to the heartbeat.
+    for n, pid in enumerate(([killed.pid], {"pid": 1}, -killed.pid, 0, "abc", None)):
+        frontier.heartbeat("demo", f"{here}:odd{n}", 60, {"host": here, "pid": pid})
     # On another machine its heartbeat alone decides.
     frontier.heartbeat("demo", "elsewhere:1:away", 60, {"host": "elsewhere", "pid": killed.pid})
 
     answer = status(frontier.uri, "demo", "--json")
     assert answer.returncode == 0, answer.stderr
     alive = {p["owner"]: p["alive"] for p in json.loads(answer.stdout)["processes"]["demo"]}
-    assert alive == {f"{here}:{killed.pid}:dead": False, f"{here}:{os.getpid()}:live": True, "elsewhere:1:away": True}
-    assert "crawl processes of site demo: 2 alive, 1 not" in status(frontier.uri, "demo").stdout
+    assert alive == {f"{here}:{killed.pid}:dead": False, f"{here}:{os.getpid()}:live": True, "elsewhere:1:away": True,
+                     **{f"{here}:odd{n}": True for n in range(6)}}
+    assert "crawl processes of site demo: 8 alive, 1 not" in status(frontier.uri, "demo").stdout

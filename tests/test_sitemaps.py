@@ -1359,8 +1359,8 @@ def test_a_sitemap_that_answers_304_to_a_request_that_asked_nothing_is_unreadabl
 
 
 def test_a_url_with_a_user_name_is_the_page_without_it(tmp_path):
-    """A link or a sitemap entry written ``http://user@host/x``: the page
-    ``http://host/x``, fetched once. Kept as written, it asked Scrapy for
+    """A link, a sitemap entry or a sitemap's redirect written
+    ``http://user@host/x``: the page ``http://host/x``, fetched once. Kept as written, it asked Scrapy for
     the robots.txt of host ``user@host``, which failed, and that put the
     whole host off for an hour at every run while the URL waited."""
     pages = {"/robots.txt": (200, b"User-agent: *\n"), "/x": (200, html()), "/y": (200, html()),
@@ -1371,10 +1371,16 @@ def test_a_url_with_a_user_name_is_the_page_without_it(tmp_path):
         pages["/s.xml"] = (200, f'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
                                 f"<url><loc>http://u:pw@{netloc}/y</loc></url><url><loc>/y</loc></url>"
                                 f"</urlset>".encode())
-        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml"])
+        # A sitemap that moved, to a URL with a user name in it.
+        pages["/moved.xml"] = (301, b"")
+        server.locations["/moved.xml"] = f"http://zz@{netloc}/s2.xml"
+        pages["/s2.xml"] = (200, b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                                 b"<url><loc>/w</loc></url></urlset>")
+        pages["/w"] = (200, html())
+        site = small_site(tmp_path, "news", server.url, sitemaps=[f"{server.url}/s.xml", f"{server.url}/moved.xml"])
         result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
         log = list(server.log)
-    assert sorted(log) == ["/", "/robots.txt", "/s.xml", "/x", "/y", "/z"], log
+    assert sorted(log) == ["/", "/moved.xml", "/robots.txt", "/s.xml", "/s2.xml", "/w", "/x", "/y", "/z"], log
     assert not result.stat("vertical/host/postponed") and not result.stat("vertical/robots/postponed")
     stored = open_frontier(f"sqlite:///{tmp_path / 'f.sqlite3'}")
     try:

@@ -140,13 +140,16 @@ def gone_here(owners: Iterable[OwnerInfo], me: str | None = None) -> list[str]:
     dead = []
     for owner in owners:
         info = owner.info or {}
-        if owner.owner == me or info.get("host") != here or not info.get("pid"):
+        if owner.owner == me or info.get("host") != here:
             continue
         try:
-            os.kill(int(info["pid"]), 0)
+            pid = int(info.get("pid"))
+            if pid <= 0:  # 0 and -N would ask about process groups
+                continue
+            os.kill(pid, 0)
         except ProcessLookupError:
             dead.append(owner.owner)
-        except (PermissionError, ValueError, OverflowError):
+        except (PermissionError, TypeError, ValueError, OverflowError):
             continue  # alive under another user, or not a pid
     return dead
 
