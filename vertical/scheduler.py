@@ -1730,7 +1730,7 @@ class FrontierScheduler(BaseScheduler):
         # This process's writes are the newer config's now (a copy: a write
         # under way may read the one it was given again).
         self._asked_at, self._budget = asked_at, {**self._budget, "asked_at": asked_at}
-        if asked == self._asked or asked is None:
+        if asked == self._asked:  # auto for both, or the same number
             return
         self._asked = asked
         logger.info("Site %r: refetch.budget is now %s a day, from a run started later with an edited config",
