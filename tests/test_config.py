@@ -253,6 +253,29 @@ def test_bad_files(file, key, problem):
     assert "\n" not in str(err)
 
 
+def test_merge_keys_share_a_block_and_a_key_written_twice_is_still_refused(tmp_path):
+    # YAML's merge key (`<<: *anchor`) is how users share fields between
+    # documents; yaml.safe_load reads it, so must the site config.
+    path = tmp_path / "films.yaml"
+    path.write_text(
+        "start_urls: [http://example.com/]\n"
+        "documents:\n"
+        "  - name: film\n"
+        "    match: /film/\n"
+        "    fields: &common {title: {xpath: '//h1/text()'}, year: {xpath: '//time/text()'}}\n"
+        "  - name: series\n"
+        "    match: /series/\n"
+        "    fields: {<<: *common, year: {xpath: '//span/text()'}, seasons: {xpath: '//ol/li/text()'}}\n"
+    )
+    series = load_site(path).document_rule("series")
+    assert sorted(series.fields) == ["seasons", "title", "year"]
+    assert series.fields["year"].xpath == "//span/text()"  # the mapping's own key wins over the merged one
+    path.write_text(path.read_text().replace("seasons:", "year:"))
+    with pytest.raises(ConfigError) as info:
+        load_site(path)
+    assert (info.value.key, info.value.problem) == ("line 8", "while constructing a mapping duplicate key 'year'")
+
+
 def test_python_object_tag_is_rejected_not_run(tmp_path):
     marker = Path("/tmp/vertical-pwned")
     marker.unlink(missing_ok=True)
