@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -185,6 +186,28 @@ def test_a_store_to_read_that_is_not_there_is_named(tmp_path):
         done = scrapy(*command)
         assert done.returncode == 2 and f"no SQLite store at {typo}" in done.stderr, done.stderr
     assert not typo.parent.exists()
+
+
+def test_a_file_to_read_that_is_no_store_is_named_and_left_as_it_was(tmp_path):
+    # A --store pointing at another program's database (or an empty file)
+    # used to get vertical's tables written into it, and "no records", exit 0.
+    other = tmp_path / "app.sqlite3"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+        db.execute("INSERT INTO invoices (total) VALUES (9.5)")
+    db.close()
+    empty = tmp_path / "empty.sqlite3"
+    empty.touch()
+    for path, why in ((other, "it holds other tables (invoices)"), (empty, "an empty file")):
+        before = path.read_bytes()
+        for command in (("frontier_export", "--from", f"sqlite:///{path}", "-o", "-"),
+                        ("vertical-status", "--store", f"sqlite:///{path}")):
+            done = scrapy(*command)
+            assert done.returncode == 2, done.stderr
+            assert f"{path} is no vertical store: {why}" in done.stderr, done.stderr
+            assert "Traceback" not in done.stderr
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["app.sqlite3", "empty.sqlite3"]
 
 
 def test_an_export_of_a_site_the_store_does_not_hold_is_named(sqlite_source):

@@ -24,6 +24,7 @@ from scrapy.exceptions import UsageError
 
 from vertical.commandline import VerticalCommand
 from vertical.frontier import Frontier, StoreLost, StoreUnavailable, UnsuitableStore, open_frontier
+from vertical.frontier.sqlite import not_a_store
 from vertical.record import NEW, STATES, URLRecord
 
 #: Records per write transaction in the target store.
@@ -41,6 +42,8 @@ def open_store(uri: str, settings: Any, *, existing: bool = False) -> Iterator[F
     params = dict(settings.getdict("REDIS_PARAMS")) if settings.get("REDIS_PARAMS") else None
     if existing and missing_store(uri):
         raise UsageError(f"no SQLite store at {uri.removeprefix('sqlite:///')}")
+    if existing and uri.startswith("sqlite:///") and (why := not_a_store(uri.removeprefix("sqlite:///"))):
+        raise UsageError(f"{uri.removeprefix('sqlite:///')} is no vertical store: {why}")
     try:
         store = open_frontier(uri, **({"redis_params": params} if params else {}))
     except UnsuitableStore as exc:

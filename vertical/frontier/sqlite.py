@@ -266,6 +266,25 @@ def _identity(path: str) -> tuple[int, int] | None:
     return found.st_dev, found.st_ino
 
 
+def not_a_store(path: str) -> str | None:
+    """Why the SQLite file at ``path`` is no vertical store, or None if it
+    is one; read without writing, so that a command that only reads never
+    makes another program's database, or an empty file, into a store."""
+    try:
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        return f"not an SQLite database ({exc})"
+    if not tables:
+        return "an empty file" if os.path.getsize(path) == 0 else "a database with no tables"
+    if not {"urls", "meta"} <= tables:
+        return f"it holds other tables ({', '.join(sorted(tables))})"
+    return None
+
+
 #: A record waiting out its refetch delay (Frontier.claim_due's ``planned``):
 #: a record's column, no index's, so it is read from the row.
 _PLANNED = "fetch_time > 0 AND next_fetch = fetch_time + refetch_delay"
