@@ -136,7 +136,18 @@ def test_round_robin_matches_the_closed_form():
         ({"policies": [{"label": "x", "schedule": "optimal", "priority": "due",
                         "schedule_params": {"bogus": 1}}]}, "policies: x: .*bogus"),
         ({"tick_minutes": 7000}, "tick_minutes: must divide"),
-        ({"refetch": {"min": 0, "initial": 0, "max": 0}}, "max > 0"),
+        ({"refetch": {"min": 0, "initial": 0, "max": 0}}, "refetch.max: must be more than 0s"),
+        # The refetch keys as a site config takes them, refused as it refuses them:
+        ({"refetch": {"factor": 1}}, "refetch.factor: must be more than 1"),
+        ({"refetch": {"factor": "2"}}, "refetch.factor: must be a number, not a string"),
+        ({"refetch": {"min": "-1d"}}, "refetch.min: a duration cannot be negative"),
+        ({"refetch": {"max": int("9" * 400)}}, "refetch.max: a number of 400 digits is too large"),
+        ({"refetch": {"budget": 0.0001}}, "refetch.budget: 0.0001 is less than one fetch a year"),
+        ({"refetch": {"budget": "auto"}}, "refetch.budget: auto is what politeness allows"),
+        ({"refetch": {"budget": 100}, "budget": {"fetches_per_day": [100]}}, "refetch.budget: .*once"),
+        ({"refetch": {"schedule": "optimal"}}, "refetch: unknown key.*schedule.*policies"),
+        ({"pages": int("9" * 400)}, "pages: a number of 400 digits is too large"),
+        ({"horizon_days": int("9" * 400)}, "horizon_days: a number of 400 digits is too large"),
     ],
 )
 def test_bad_scenarios_are_named(patch, message):
@@ -360,6 +371,33 @@ def test_a_labelled_policy_named_like_a_built_in_runs_as_labelled():
     specs = {s.label: s for s in policy_specs(scn)}
     assert (specs["adaptive"].schedule, specs["adaptive"].priority) == ("adaptive", "due")
     assert (specs["nutch"].schedule, specs["nutch"].priority) == ("nutch", "uniform")  # the built-in
+
+
+def test_refetch_is_read_as_a_site_config_reads_it():
+    """The same keys, defaults and units as ``refetch`` in a site config,
+    ``budget`` included (as ``budget: {fetches_per_day: [..]}``)."""
+    from vertical.config import parse_site
+
+    for given in ({"max": "10m"}, {"min": "2d"}, {"initial": "3h", "factor": 3, "ahead": 0},
+                  {"max": "1w", "budget": "200/h"}):
+        scn = parse_scenario({**{k: v for k, v in SMALL.items() if k != "budget"}, "refetch": given})
+        site = parse_site({"start_urls": ["http://example.com/"], "refetch": given}).refetch
+        assert scn.refetch == {"initial": site.initial, "min": site.min, "max": site.max, "factor": site.factor,
+                               "ahead": site.ahead}, given
+    assert (scn.budget_kind, scn.budgets) == ("fetches_per_day", (4800.0,))
+
+
+def test_a_scenario_file_is_read_as_a_site_config_is(tmp_path):
+    from vertical.sim import load_scenario
+
+    path = tmp_path / "dup.yaml"
+    path.write_text("pages: 10\nhorizon_days: 20\nwarmup_days: 5\npages: 20\n")
+    with pytest.raises(ScenarioError, match="dup.yaml: line 4: .*duplicate key 'pages'"):
+        load_scenario(path)
+    path.write_text("pages: 10\nhorizon_days: 20\nwarmup_days: 5\npolicies:\n"
+                    "  - {label: a, schedule: optimal, priority: due, schedule_params: &p {probe: false}}\n"
+                    "  - {label: b, schedule: optimal, priority: due, schedule_params: {<<: *p, max_share: 0.3}}\n")
+    assert load_scenario(path).custom_policies["b"]["schedule_params"] == {"probe": False, "max_share": 0.3}
 
 
 def test_a_scenario_file_not_in_utf8_is_named(tmp_path):

@@ -381,10 +381,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _load_text(text: str, file: str, default_name: str) -> SiteConfig:
+def load_yaml(text: str, file: str) -> Any:
+    """``text`` read as a site config is read (the simulator's scenarios
+    too): safe YAML, with a key written twice in one mapping an error, and
+    a :class:`ConfigError` naming the line for what is no YAML."""
     try:
         # A safe loader: tags such as !!python/object are errors, never objects.
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}" if mark else "(yaml)"
@@ -392,7 +395,16 @@ def _load_text(text: str, file: str, default_name: str) -> SiteConfig:
         raise ConfigError(file, where, problem) from None
     except yaml.YAMLError as exc:
         raise ConfigError(file, "(yaml)", str(exc)) from None
-    return parse_site(data, file, default_name)
+
+
+def parse_refetch(section: Any, file: str = "<config>") -> RefetchConfig:
+    """A ``refetch`` section alone, read as in a site config: the same
+    keys, defaults, units and errors (the simulator's scenarios take it)."""
+    return _SiteParser(file).refetch({"refetch": section})
+
+
+def _load_text(text: str, file: str, default_name: str) -> SiteConfig:
+    return parse_site(load_yaml(text, file), file, default_name)
 
 
 # --- validation --------------------------------------------------------------

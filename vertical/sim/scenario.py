@@ -22,7 +22,8 @@ Keys (see DESIGN.md, "Measuring"); all but ``pages`` have defaults::
     # any SCHEDULE+PRIORITY pair of vertical.policies also works, e.g. optimal+level,
     # and so does a mapping {label: .., schedule: .., priority: .., schedule_params: {..}}
     # simulator settings
-    refetch: {initial: 1d, min: 1h, max: 30d, factor: 2, ahead: 1d}   # the simulated site's config
+    refetch: {initial: 1d, min: 1h, max: 30d, factor: 2, ahead: 1d}   # the simulated site's config,
+    # read as a site config's; budget: 5000/d here is budget: {fetches_per_day: [5000]}
     scent_delta_s: [1e-5, 1e-4, 1e-3]                     # the DeltaS sweep (per fetch)
     tick_minutes: 15                                      # one scheduler batch; must divide the horizon
 
@@ -84,10 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from vertical.durations import parse_duration
-from vertical.config import RefetchConfig
+from vertical.config import ConfigError, RefetchConfig, load_yaml, parse_refetch
 
 __all__ = ["POLICIES", "Scenario", "ScenarioError", "load_scenario", "parse_scenario"]
 
@@ -184,6 +182,8 @@ def _number(value: Any, key: str, *, low: float | None = None, high: float | Non
             value = float(value)
         except ValueError:
             pass
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**1023:
+        raise ScenarioError(f"{key}: a number of {len(str(abs(value)))} digits is too large")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ScenarioError(f"{key}: expected a number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
@@ -319,19 +319,7 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
             raise ScenarioError(f"policies: {', '.join(map(repr, twice))} listed twice (a label names one policy)")
         kw["policies"] = tuple(pols)
     if "refetch" in data:
-        r = _mapping(data["refetch"], "refetch", {"initial", "min", "max", "factor", "ahead"})
-        ref = dict(d.refetch)
-        try:
-            for k in ("initial", "min", "max", "ahead"):
-                if k in r:
-                    ref[k] = parse_duration(r[k])
-        except ValueError as exc:
-            raise ScenarioError(f"refetch: {exc}") from None
-        if "factor" in r:
-            ref["factor"] = _number(r["factor"], "refetch.factor", low=1.0)
-        if not ref["min"] <= ref["initial"] <= ref["max"] or ref["max"] <= 0:
-            raise ScenarioError("refetch: need min <= initial <= max, and max > 0")
-        kw["refetch"] = ref
+        kw["refetch"] = _refetch(data["refetch"], kw, budget_given="budget" in data)
     if "scent_delta_s" in data:
         kw["scent_delta_s"] = _numbers(data["scent_delta_s"], "scent_delta_s")
     if "tick_minutes" in data:
@@ -374,6 +362,33 @@ def parse_scenario(data: Mapping[str, Any]) -> Scenario:
     return Scenario(**kw)
 
 
+#: A site config's ``refetch`` keys the simulator takes: the schedule and
+#: its parameters are each policy's (``policies``).
+_REFETCH_KEYS = {"initial", "min", "max", "factor", "ahead", "budget"}
+
+
+def _refetch(value: Any, kw: dict[str, Any], *, budget_given: bool) -> dict[str, float]:
+    """``refetch`` read by the crawler's own reader, so that a value means
+    here what it means in a site config; ``budget`` in fetches a day is
+    ``budget: {fetches_per_day: [..]}``."""
+    if isinstance(value, Mapping) and (unknown := set(value) - _REFETCH_KEYS):
+        raise ScenarioError(f"refetch: unknown key(s) {', '.join(sorted(map(str, unknown)))} (known: "
+                            f"{', '.join(sorted(_REFETCH_KEYS))}; the schedule and its parameters are "
+                            f"each policy's, in policies)")
+    try:
+        ref = parse_refetch(value)
+    except ConfigError as exc:
+        raise ScenarioError(f"{exc.key}: {exc.problem}") from None
+    if ref.budget is not None:
+        if budget_given:
+            raise ScenarioError("refetch.budget: give the budget once, here or in budget:")
+        kw["budget_kind"], kw["budgets"] = "fetches_per_day", (ref.budget,)
+    elif value.get("budget") is not None:
+        raise ScenarioError("refetch.budget: auto is what politeness allows, which the simulator does not "
+                            "derive; give fetches a day (e.g. 5000/d), or a budget: block")
+    return {"initial": ref.initial, "min": ref.min, "max": ref.max, "factor": ref.factor, "ahead": ref.ahead}
+
+
 def _check_policies(custom: Mapping[str, Mapping[str, Any]], refetch: Mapping[str, float]) -> None:
     """Build each custom policy once, so that a parameter it does not take
     stops the scenario here, named, not in a worker halfway through."""
@@ -393,9 +408,11 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; errors name the file."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path))
         return parse_scenario(data or {})
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"{path}: {exc}") from None
+    except ConfigError as exc:
+        raise ScenarioError(str(exc)) from None
     except ScenarioError as exc:
         raise ScenarioError(f"{path}: {exc}") from None
