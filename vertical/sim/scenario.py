@@ -383,7 +383,7 @@ def _refetch(value: Any, kw: dict[str, Any], *, budget_given: bool) -> dict[str,
         if budget_given:
             raise ScenarioError("refetch.budget: give the budget once, here or in budget:")
         kw["budget_kind"], kw["budgets"] = "fetches_per_day", (ref.budget,)
-    elif value.get("budget") is not None:
+    elif isinstance(value, Mapping) and value.get("budget") is not None:
         raise ScenarioError("refetch.budget: auto is what politeness allows, which the simulator does not "
                             "derive; give fetches a day (e.g. 5000/d), or a budget: block")
     return {"initial": ref.initial, "min": ref.min, "max": ref.max, "factor": ref.factor, "ahead": ref.ahead}
