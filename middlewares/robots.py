@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from protego import Protego
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
 from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
@@ -68,6 +69,19 @@ if TYPE_CHECKING:
     from vertical.record import URLRecord
 
 logger = logging.getLogger(__name__)
+
+
+def _passed_on(pending: Deferred[Any]) -> Deferred[Any]:
+    """A Deferred fired with ``pending``'s result, which ``pending`` keeps
+    for its other callbacks."""
+    waiter: Deferred[Any] = Deferred()
+
+    def pass_on(result: Any) -> Any:
+        waiter.callback(result)
+        return result
+
+    pending.addCallback(pass_on)
+    return waiter
 
 
 # Scrapy would stop calling these if it renamed them: checked at import.
@@ -98,6 +112,11 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             del parsers[netloc], self._expires[netloc]
             self._unreachable.pop(netloc, None)
             self._refreshing.add(netloc)
+        if isinstance(pending := parsers.get(netloc), Deferred):
+            # Scrapy awaits the pending parser's Deferred itself, which hands
+            # the parser to its first waiter only and None (allow all) to the
+            # rest: wait on one of our own that passes it on.
+            return await maybe_deferred_to_future(_passed_on(pending))
         return await super().robot_parser(request)
 
     def process_request_2(self, rp: RobotParser | None, request: Request) -> None:

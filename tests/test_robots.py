@@ -130,6 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         server: SmallSite = self.server  # type: ignore[assignment]
         server.log.append(self.path)
+        time.sleep(server.delays.get(self.path, 0.0))
         status, body = server.pages.get(self.path, (404, b"not found"))
         etag = f'"{zlib.crc32(body):08x}"'
         if server.etags and status == 200 and self.headers.get("If-None-Match") == etag:
@@ -163,6 +164,7 @@ class SmallSite(LoopbackServer):
         self.log: list[str] = []
         self.statuses: dict[str, int] = {}
         self.locations: dict[str, str] = {}
+        self.delays: dict[str, float] = {}  # path -> seconds before it is answered
 
 
 @contextmanager
@@ -191,6 +193,22 @@ def test_4xx_robots_txt_allows_everything(tmp_path, status):
         result = crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
     assert sorted(server.log) == ["/", "/a", "/b", "/robots.txt"]
     assert result.stat("vertical/robots/forbidden") == 0
+
+
+def test_every_request_waiting_for_robots_txt_is_judged_by_it(tmp_path):
+    """The pages asked for while their host's robots.txt is on its way all
+    wait for it, and each is judged by its rules: Scrapy 2.13's
+    RobotsTxtMiddleware hands the parser to the first of them only, and
+    lets the others through unjudged, as if it had failed."""
+    pages = {f"/{kind}/{i}": (200, html()) for kind in ("open", "private") for i in range(8)}
+    with small_site({**pages, "/robots.txt": (200, b"User-agent: *\nDisallow: /private/\n")}) as server:
+        server.delays["/robots.txt"] = 1.0
+        site = site_file(tmp_path, server.url, name="small", start_urls=[server.url + p for p in pages],
+                         allowed_domains=["127.0.0.1"], follow={"allow": [], "deny": [], "restrict_xpaths": []},
+                         documents=[], politeness={"delay": 0, "concurrency": 16})
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path, settings={"CONCURRENT_REQUESTS": 32})
+    assert sorted(server.log) == sorted(["/robots.txt", *(p for p in pages if p.startswith("/open/"))])
+    assert result.stat("vertical/robots/forbidden") == 8
 
 
 def test_a_robots_txt_over_500_kib_is_read_up_to_there(tmp_path):
