@@ -48,6 +48,9 @@ def test_budget_defaults_to_auto():
     (0, "must be a positive number"), (-3, "must be a positive number"), (True, "must be a number"),
     ([200], "must be a number"), (0.0000001, "less than one fetch a year"), ("0.01/w", "less than one fetch a year"),
     (10 ** 400, "a number of 401 digits is too large"),
+    # Text that float() reads, but as no budget: no hint to write 'nan/d'.
+    ("nan", r"not a budget: 'nan' \(use auto"), ("1e400", r"not a budget: '1e400' \(use auto"),
+    ("5/M", r"not a budget: '5/M' \(M could be a month or a minute"),
 ])
 def test_bad_budget(value, problem):
     with pytest.raises(ConfigError, match=rf"<config>: refetch\.budget: .*{problem}"):

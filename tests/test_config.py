@@ -60,6 +60,14 @@ def test_parse_duration_rejects(value):
         parse_duration(value)
 
 
+def test_a_capital_m_is_no_unit_it_may_mean_a_month():
+    # `max: 1M` was one minute, silently: a user who meant a month got every
+    # delay cut to 60 s. The other units read alike in either case.
+    with pytest.raises(ValueError, match=r"not a duration: '1M' \(M could be a month or a minute"):
+        parse_duration("1M")
+    assert parse_duration("15m") == 900.0
+
+
 # --- good configs ------------------------------------------------------------
 
 

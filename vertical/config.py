@@ -30,7 +30,7 @@ import yaml
 from lxml import etree, html
 from parsel.csstranslator import HTMLTranslator
 
-from vertical.durations import UNITS, parse_duration
+from vertical.durations import UNITS, parse_duration, unit_seconds
 from vertical.policies import DEFAULT_PRIORITY, DEFAULT_SCHEDULE
 from vertical.urls import canonicalize
 
@@ -785,14 +785,17 @@ class _SiteParser:
         raw, per = value, 1.0
         if isinstance(value, str):
             number, _, unit = value.partition("/")
-            unit = unit.strip().lower()
-            if not unit or unit not in UNITS:
-                if not unit and _is_float(number):
+            unit = unit.strip()
+            if not unit or unit.lower() not in UNITS:
+                if not unit and _is_float(number) and math.isfinite(float(number)):
                     # YAML reads 1e9 as text (its floats need a dot and a signed exponent).
                     self.fail(path, f"not a budget: {value!r} is text, not a number (write {number.strip()}/d, "
                                     "or a number YAML reads as one: 1000000000, 1.0e+9)")
                 self.fail(path, f"not a budget: {value!r} (use auto, fetches a day, or e.g. '5000/d', '200/h')")
-            per = 86400.0 / UNITS[unit]
+            try:
+                per = 86400.0 / unit_seconds(unit, value, "budget")
+            except ValueError as exc:
+                self.fail(path, str(exc))
             try:
                 value = float(number)
             except ValueError:

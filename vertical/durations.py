@@ -5,12 +5,20 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["UNITS", "parse_duration"]
+__all__ = ["UNITS", "parse_duration", "unit_seconds"]
 
 #: Seconds per unit suffix; no suffix means seconds.
 UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 
 _DURATION_RE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[smhdw]?)", re.IGNORECASE)
+
+
+def unit_seconds(unit: str, value: object, what: str) -> float:
+    """The seconds of ``unit``, in either case but ``M``: in a config a
+    capital M is as likely a month as a minute."""
+    if unit == "M":
+        raise ValueError(f"not a {what}: {value!r} (M could be a month or a minute: write m for a minute)")
+    return UNITS[unit.lower()]
 
 
 def parse_duration(value: object) -> float:
@@ -34,7 +42,7 @@ def parse_duration(value: object) -> float:
             raise ValueError(
                 f"not a duration: {value!r} (use seconds or a number with s, m, h, d or w, e.g. '90s', '1.5h', '2d')"
             )
-        seconds = float(match["number"]) * UNITS[match["unit"].lower()]
+        seconds = float(match["number"]) * unit_seconds(match["unit"], value, "duration")
     else:
         raise ValueError(f"not a duration: {value!r}")
     if not math.isfinite(seconds):
