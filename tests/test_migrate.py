@@ -186,6 +186,11 @@ def test_a_store_to_read_that_is_not_there_is_named(tmp_path):
         done = scrapy(*command)
         assert done.returncode == 2 and f"no SQLite store at {typo}" in done.stderr, done.stderr
     assert not typo.parent.exists()
+    # An empty URI (an unset shell variable) is not the default store either.
+    for command in (("frontier_export", "--from", "", "-o", "-"), ("vertical-status", "--store", " "),
+                    ("frontier_import", "--to", "", "-")):
+        done = scrapy(*command)
+        assert done.returncode == 2 and "no store URI given (an empty string)" in done.stderr, done.stderr
 
 
 def test_a_file_to_read_that_is_no_store_is_named_and_left_as_it_was(tmp_path):

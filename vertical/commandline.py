@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
 
 __all__ = ["VerticalCommand", "vertical_defaults"]
 
@@ -51,6 +52,10 @@ class VerticalCommand(ScrapyCommand):
         super().process_options(args, opts)
         assert self.settings is not None
         vertical_defaults(self.settings)
+        for option in ("store", "to"):
+            # An empty URI (an unset shell variable) is no store: not the default one.
+            if isinstance(uri := getattr(opts, option, None), str) and not uri.strip():
+                raise UsageError("no store URI given (an empty string)")
 
 
 def _interruptible(run: Any) -> Any:
