@@ -182,8 +182,11 @@ def _number(value: Any, key: str, *, low: float | None = None, high: float | Non
             value = float(value)
         except ValueError:
             pass
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**1023:
-        raise ScenarioError(f"{key}: a number of {len(str(abs(value)))} digits is too large")
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            value = float(value)
+        except OverflowError:  # a YAML integer of hundreds of digits
+            raise ScenarioError(f"{key}: a number of {len(str(abs(value)))} digits is too large") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ScenarioError(f"{key}: expected a number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
