@@ -12,16 +12,22 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
   downloader's per-slot settings too, so a slot created later (or again,
   after Scrapy's slot garbage collection) starts with it;
 - a 4xx answer ("unavailable") allows everything, whatever its body says;
-- a 5xx or 429 answer after Scrapy's retries, a timeout or a network error
-  ("unreachable") means the rules are unknown, so nothing of the host is
+- a 5xx or 429 answer after Scrapy's retries, a timeout, a network error or
+  a robots.txt dropped on its way (too large once decompressed, refused by a
+  middleware; Scrapy allows all then) ("unreachable") means the rules are
+  unknown, so nothing of the host is
   fetched: the host is postponed for ``VERTICAL_ROBOTS_POSTPONE`` seconds
   (``scheduler.postpone_host``) and robots.txt is asked again after that;
 - a frontier URL that robots.txt disallows is recorded as ``forbidden``,
   counted in ``vertical/robots/forbidden``, and parked until the host's
   robots.txt is due again (``VERTICAL_ROBOTS_TTL``): then it is looked at
   anew, so a rule that was lifted lets it be fetched;
+- robots.txt is asked for of every host a request goes to, within
+  ``allowed_domains`` or not (a second stage's, a robots.txt redirected),
+  uncompressed;
 - only its first ``ROBOTS_MAX_SIZE`` bytes (500 KiB, RFC 9309's least
-  parsing limit and Google's) are read, up to the last whole line, counted in
+  parsing limit and Google's) are downloaded and read, up to the last whole
+  line, counted in
   ``vertical/robots/truncated``: Protego matches a URL against every rule,
   and the rules of an 18 MB file (400,000 lines) took 4 s to parse and 0.13 s
   a request to match, on the reactor;
@@ -32,8 +38,9 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
 A request this middleware ignores with a frontier record is settled through
 the commit (``page_parked``) and ignored *without* the record in its meta,
 so that the spider's errback, which reschedules failed frontier fetches,
-leaves it alone. Requests without a frontier record get
-Scrapy's behaviour unchanged (apart from the expiry and the Crawl-delay).
+leaves it alone. Requests without a frontier record get Scrapy's behaviour
+(apart from the expiry, the Crawl-delay and what an unreachable robots.txt
+means).
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from protego import Protego
+from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware
-from scrapy.exceptions import IgnoreRequest
+from scrapy.exceptions import IgnoreRequest, StopDownload
+from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
@@ -59,10 +68,12 @@ from vertical.urls import as_requested, host_of
 
 #: How much of a robots.txt is read (RFC 9309 2.5: a parsing limit of at least 500 KiB).
 ROBOTS_MAX_SIZE = 500 * 1024
+#: Request meta of a robots.txt request: the bytes of it received so far.
+META_ROBOTS = "vertical_robots_received"
 
 if TYPE_CHECKING:
-    from scrapy import Request
     from scrapy.crawler import Crawler
+    from scrapy.http import Headers
     from scrapy.http import Response
     from scrapy.robotstxt import RobotParser
 
@@ -85,7 +96,7 @@ def _passed_on(pending: Deferred[Any]) -> Deferred[Any]:
 
 
 # Scrapy would stop calling these if it renamed them: checked at import.
-@overrides(RobotsTxtMiddleware, "process_request_2", "_parse_robots", "_robots_error")
+@overrides(RobotsTxtMiddleware, "robot_parser", "process_request_2", "_parse_robots", "_robots_error")
 class RobotsMiddleware(RobotsTxtMiddleware):
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
@@ -96,6 +107,8 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         self._unreachable: dict[str, float] = {}  # netloc -> scheduler time the postponement ends
         self._slot_delays: dict[str, float] = {}  # slot key -> its delay before any Crawl-delay
         self._refreshing: set[str] = set()  # netlocs whose robots.txt is being fetched again
+        crawler.signals.connect(self._headers_received, signal=signals.headers_received)
+        crawler.signals.connect(self._bytes_received, signal=signals.bytes_received)
 
     @property
     def _scheduler(self) -> Any:
@@ -104,7 +117,14 @@ class RobotsMiddleware(RobotsTxtMiddleware):
     # -- requests -------------------------------------------------------------
 
     async def robot_parser(self, request: Request) -> RobotParser | None:
-        netloc = urlparse_cached(request).netloc
+        """Scrapy's, with three differences: the parser expires; robots.txt
+        is asked for even of a host outside ``allowed_domains`` (a second
+        stage's, or where robots.txt redirects: Scrapy's offsite filter
+        dropped it, which read as "allow all"); and every request waiting
+        for it gets the parser (Scrapy's await hands it to the first waiter
+        only, and None, "allow all", to the rest)."""
+        url = urlparse_cached(request)
+        netloc = url.netloc
         expires = self._expires.get(netloc)
         parsers = robots_parsers(self)
         if expires is not None and expires <= time.monotonic() and not isinstance(parsers.get(netloc), Deferred):
@@ -112,12 +132,24 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             del parsers[netloc], self._expires[netloc]
             self._unreachable.pop(netloc, None)
             self._refreshing.add(netloc)
-        if isinstance(pending := parsers.get(netloc), Deferred):
-            # Scrapy awaits the pending parser's Deferred itself, which hands
-            # the parser to its first waiter only and None (allow all) to the
-            # rest: wait on one of our own that passes it on.
-            return await maybe_deferred_to_future(_passed_on(pending))
-        return await super().robot_parser(request)
+        if netloc not in parsers:
+            parsers[netloc] = Deferred()
+            # Uncompressed, and stopped at ROBOTS_MAX_SIZE (_bytes_received)
+            # rather than failed whole past DOWNLOAD_MAXSIZE.
+            robots = Request(f"{url.scheme}://{netloc}/robots.txt", priority=self.DOWNLOAD_PRIORITY,
+                             headers={"Accept-Encoding": "identity"}, callback=NO_CALLBACK,
+                             meta={"dont_obey_robotstxt": True, "allow_offsite": True, META_ROBOTS: 0,
+                                   "download_maxsize": 0})
+            try:
+                response = await self.crawler.engine.download_async(robots)  # type: ignore[union-attr]
+                await self._parse_robots(response, netloc, request)
+            except Exception as exc:  # noqa: BLE001 - any failure leaves the rules unknown
+                self._robots_error(exc, netloc)
+            self.crawler.stats.inc_value("robotstxt/request_count")
+        parser = parsers[netloc]
+        if isinstance(parser, Deferred):
+            return await maybe_deferred_to_future(_passed_on(parser))
+        return parser
 
     def process_request_2(self, rp: RobotParser | None, request: Request) -> None:
         record: URLRecord | None = request.meta.get(META_RECORD)
@@ -161,7 +193,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             # 4xx: no rules (RFC 9309 2.3.1.3); 5xx: the frontier's requests
             # wait (above), others get Scrapy's allow-all for a failed robots.txt.
             response = response.replace(body=b"")
-        elif len(response.body) > ROBOTS_MAX_SIZE:
+        elif len(response.body) > ROBOTS_MAX_SIZE or "download_stopped" in response.flags:
             cut = response.body[:ROBOTS_MAX_SIZE]
             response = response.replace(body=cut[:cut.rfind(b"\n") + 1])
             self.crawler.stats.inc_value("vertical/robots/truncated")
@@ -188,10 +220,23 @@ class RobotsMiddleware(RobotsTxtMiddleware):
 
     def _robots_error(self, exc: Exception, netloc: str) -> None:
         super()._robots_error(exc, netloc)
-        if isinstance(exc, IgnoreRequest):  # robots.txt itself not to be fetched: Scrapy allows all
-            self._expires[netloc] = time.monotonic() + self.ttl
-        else:
-            self._mark_unreachable(netloc, f"failed: {exc!r}")
+        # Dropped on its way too (Scrapy allows all then): an answer too
+        # large once decompressed, a middleware that refused it. The rules
+        # are as unknown as after a timeout.
+        self._mark_unreachable(netloc, f"failed: {exc!r}")
+
+    def _headers_received(self, headers: Headers, request: Request, **kwargs: Any) -> None:
+        if META_ROBOTS in request.meta and headers.get(b"Content-Encoding", b"identity").lower() != b"identity":
+            # Compressed all the same: what it inflates to is bounded as a page's is.
+            request.meta["download_maxsize"] = self.crawler.settings.getint("DOWNLOAD_MAXSIZE")
+
+    def _bytes_received(self, data: bytes, request: Request, **kwargs: Any) -> None:
+        # Past the rules read, the rest of a robots.txt is not downloaded:
+        # a file over DOWNLOAD_MAXSIZE would fail as a whole, rules and all.
+        if META_ROBOTS in request.meta:
+            received = request.meta[META_ROBOTS] = request.meta[META_ROBOTS] + len(data)
+            if received > ROBOTS_MAX_SIZE:
+                raise StopDownload(fail=False)
 
     def _mark_unreachable(self, netloc: str, why: str) -> None:
         scheduler = self._scheduler

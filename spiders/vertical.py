@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,14 @@ def apply_site_settings(site: SiteConfig, settings: Any) -> None:
     settings.set("ROBOTSTXT_OBEY", pol.robots, priority="spider")
     if pol.user_agent:
         settings.set("USER_AGENT", pol.user_agent, priority="spider")
+    if not settings.get("ROBOTSTXT_USER_AGENT") and (token := _PRODUCT_TOKEN.match(settings.get("USER_AGENT") or "")):
+        # robots.txt groups name crawlers by product token (RFC 9309 2.2.1),
+        # which Protego would otherwise look for in the whole User-Agent.
+        settings.set("ROBOTSTXT_USER_AGENT", token[0], priority="spider")
+
+
+#: A User-Agent's product token: its name, before the version and comments.
+_PRODUCT_TOKEN = re.compile(r"[A-Za-z_-]+")
 
 
 #: The "file" named by a :class:`ConfigError` about a spider argument (``-a``).

@@ -211,7 +211,34 @@ def test_every_request_waiting_for_robots_txt_is_judged_by_it(tmp_path):
     assert result.stat("vertical/robots/forbidden") == 8
 
 
-def test_a_robots_txt_over_500_kib_is_read_up_to_there(tmp_path):
+def test_a_robots_txt_that_redirects_off_the_site_is_read_there(tmp_path):
+    """RFC 9309 follows a robots.txt's redirects to other hosts. Scrapy's
+    offsite filter dropped the redirected request (the host is not in
+    allowed_domains), which Scrapy reads as "allow all"."""
+    with small_site({"/robots.txt": (200, b"User-agent: *\nDisallow: /private/\n")}) as rules, \
+            small_site({**PAGES, "/private/x": (200, html()), "/robots.txt": (301, b"")}) as server:
+        server.pages["/"] = (200, html("/a", "/private/x"))
+        server.locations["/robots.txt"] = f"http://localhost:{rules.server_address[1]}/robots.txt"
+        result = crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
+    assert rules.log == ["/robots.txt"]
+    assert sorted(server.log) == ["/", "/a", "/robots.txt"]
+    assert result.stat("vertical/robots/forbidden") == 1
+
+
+def test_robots_txt_groups_are_matched_by_the_crawlers_name_not_its_whole_user_agent(tmp_path):
+    """RFC 9309 matches a group by the product token ("vertical"): Protego
+    matched the group of "github" inside the whole User-Agent string, whose
+    comment names github.com, and left the crawler's own rules unread."""
+    robots = b"User-agent: github\nDisallow: /gh-only/\n\nUser-agent: *\nDisallow: /private/\n"
+    with small_site({**PAGES, "/gh-only/x": (200, html()), "/private/x": (200, html()),
+                     "/robots.txt": (200, robots)}) as server:
+        server.pages["/"] = (200, html("/a", "/gh-only/x", "/private/x"))
+        crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
+    assert sorted(server.log) == ["/", "/a", "/gh-only/x", "/robots.txt"]
+
+
+@pytest.mark.parametrize("max_size", [0, 1_000_000])
+def test_a_robots_txt_over_500_kib_is_read_up_to_there(tmp_path, max_size):
     """RFC 9309 lets a crawler stop parsing at 500 KiB, as Google does: the
     rules before the limit hold, those after it are not read. A 2 MB file
     of rules (a site's every listing, or a trap) would otherwise cost the
@@ -220,7 +247,10 @@ def test_a_robots_txt_over_500_kib_is_read_up_to_there(tmp_path):
     robots = b"User-agent: *\nDisallow: /a\n" + filler + b"Disallow: /b\n"
     assert len(robots) > 2_000_000
     with small_site({**PAGES, "/robots.txt": (200, robots)}) as server:
-        result = crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
+        # Over DOWNLOAD_MAXSIZE too: the download stops at the limit rather
+        # than failing as a whole (which postponed the host for ever).
+        result = crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path,
+                       settings={"DOWNLOAD_MAXSIZE": max_size} if max_size else {})
     assert sorted(server.log) == ["/", "/b", "/robots.txt"]
     assert result.stat("vertical/robots/truncated") == 1 and result.stat("vertical/robots/forbidden") == 1
 
