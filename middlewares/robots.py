@@ -62,7 +62,7 @@ from vertical.commit import FrontierCommit
 from vertical.compat import existing_slot, overrides, robots_parsers, robots_useragent, set_slot_delay, slot_settings
 from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
-from vertical.scheduler import META_RECORD
+from vertical.scheduler import META_FORBIDDEN, META_RECORD
 from vertical.sitemaps import META_SITEMAP, robots_sitemaps
 from vertical.urls import as_requested, host_of
 
@@ -155,15 +155,17 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         record: URLRecord | None = request.meta.get(META_RECORD)
         until = self._unreachable.get(urlparse_cached(request).netloc)
         if record is None:
-            if until is not None and META_SITEMAP in request.meta:
-                # Rules unknown: a sitemap is not read blind either (its
-                # reading fails, and is made again in its time).
+            if until is not None:
+                # Rules unknown: a sitemap or a second stage is not fetched
+                # blind either (it fails, and is asked for again in its time).
+                self._scheduler.unsent(request)  # a second stage's fetch goes back to the budget
                 self.crawler.stats.inc_value("vertical/robots/postponed")
                 raise IgnoreRequest("robots.txt unreachable: host postponed")
             try:
                 super().process_request_2(rp, request)
             except IgnoreRequest:
-                self._scheduler.unsent(request)  # a second stage's fetch goes back to the budget
+                self._scheduler.unsent(request)
+                request.meta[META_FORBIDDEN] = True  # for its errback: no failure a retry mends
                 raise
             return
         if until is not None:

@@ -45,7 +45,7 @@ from vertical.config import ConfigError, load_site
 from vertical.extract import FieldError, Record, as_page, extract_records, follow_urls, match_rule
 from vertical.items import DocumentItem
 from vertical.record import URLRecord
-from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_LEVEL, META_RECORD, META_SEED
+from vertical.scheduler import META_DIRECT, META_DUPLICATE, META_FORBIDDEN, META_LEVEL, META_RECORD, META_SEED
 from vertical.sitemaps import (META_SITEMAP, SITEMAP_MAX_ENTRIES, feed_links, granted, gzip_cut, last_read,
                                read_sitemap, reading_lease, retry_after, sitemap_body, sitemap_max_size,
                                sitemap_wanted)
@@ -682,8 +682,14 @@ class VerticalSpider(Spider):
         yield from self._second_stage_done(page)
 
     def second_stage_failed(self, failure: Failure) -> Iterator[Any]:
-        page: CompositePage = failure.request.meta[META_COMPOSITE]  # type: ignore[attr-defined]
-        page.failed = True
+        meta = failure.request.meta  # type: ignore[attr-defined]
+        page: CompositePage = meta[META_COMPOSITE]
+        if meta.get(META_FORBIDDEN):
+            # No request may fetch it: as a field that names nothing fetchable,
+            # its documents come out without the checksum.
+            self.crawler.stats.inc_value("vertical/composite/forbidden")
+        else:
+            page.failed = True
         yield from self._second_stage_done(page)
 
     def on_error(self, failure: Failure) -> Any:
@@ -764,7 +770,7 @@ class VerticalSpider(Spider):
         field = page.rule.fetch.field  # type: ignore[union-attr]
         records = [
             Record(rec.document, rec.key, {**rec.fields, f"{field}_checksum": page.checksums[page.urls[rec.key]]})
-            if rec.key in page.urls else rec
+            if page.urls.get(rec.key) in page.checksums else rec
             for rec in page.records
         ]
         self.crawler.stats.inc_value("vertical/composite/complete")

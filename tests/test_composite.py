@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from tests.crawling import DEMO_CONFIG, crawl, site_file
+from tests.test_robots import small_site
 from vertical.demo.server import serve
 from vertical.demo.site import DemoSite
 
@@ -55,3 +56,26 @@ def test_failed_second_stage_leaves_the_document_pending(tmp_path):
         second = crawl(fixed, store, tmp_path, tag="2", settings={"VERTICAL_TIME_OFFSET": 2 * DAY})
     assert sorted(i["url"].rsplit("/", 1)[1] for i in second.items) == ["1", "2", "3", "4", "5", "6"]
     assert {i["status"] for i in second.items} == {"new"}
+
+
+def test_a_second_stage_robots_txt_forbids_is_no_second_stage(tmp_path):
+    """A trailer on another host (a CDN outside allowed_domains) whose
+    robots.txt forbids it is a resource no request may fetch: the films come
+    out without its checksum, as when the field names nothing fetchable,
+    rather than wait for ever. Where that host's robots.txt cannot be read,
+    the trailer is not fetched blind: the films wait, as after a failure."""
+    with serve(DemoSite(seed=0, films=6)) as demo, small_site({"/robots.txt": (503, b"")}) as down:
+        port = demo.url.rsplit(":", 1)[1].rstrip("/")
+        cdn = f'concat("http://localhost:{port}/private", //a[@class="trailer"]/@href)'
+        site = site_file(tmp_path, demo.url, name="demo", documents=film_rule(cdn))
+        forbidden = crawl(site, tmp_path / "f.sqlite3", tmp_path, tag="1")
+        # Another host name: hosts are postponed by name, whatever the port.
+        unknown_rules = f'concat("http://localhost:{down.server_address[1]}", //a[@class="trailer"]/@href)'
+        site = site_file(tmp_path, demo.url, name="other", documents=film_rule(unknown_rules))
+        waiting = crawl(site, tmp_path / "g.sqlite3", tmp_path, tag="2")
+    assert not [r for r in demo.requests if r["path"].startswith("/private/")]
+    assert sorted(i["url"].rsplit("/", 1)[1] for i in forbidden.items) == ["1", "2", "3", "4", "5", "6"]
+    assert all("trailer_checksum" not in i["fields"] for i in forbidden.items)
+    assert forbidden.stat("vertical/composite/forbidden") == 6
+    assert down.log == ["/robots.txt"] * len(down.log) and waiting.items == []
+    assert waiting.stat("vertical/composite/failed") == 6

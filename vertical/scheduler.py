@@ -119,6 +119,7 @@ META_PARENT = "vertical.parent"  # the URLRecord of the page a link was found on
 META_SEED = "vertical.seed"  # an entry URL
 META_DIRECT = "vertical.direct"  # not a frontier URL: serve first, store nothing
 META_CHARGED = "vertical.charged"  # a direct request charged to the allowance, waiting for it to be written
+META_FORBIDDEN = "vertical.forbidden"  # set on a request robots.txt forbids, as it is dropped
 META_DUPLICATE = "vertical.duplicate_of"  # set on a response whose content another page has
 
 _POLL = 1.0  # seconds between store polls when nothing was claimable
