@@ -63,7 +63,7 @@ from vertical.compat import existing_slot, overrides, robots_parsers, robots_use
 from vertical.config import PolitenessConfig
 from vertical.record import FORBIDDEN
 from vertical.scheduler import META_FORBIDDEN, META_RECORD
-from vertical.sitemaps import META_SITEMAP, robots_sitemaps
+from vertical.sitemaps import robots_sitemaps
 from vertical.urls import as_requested, host_of
 
 #: How much of a robots.txt is read (RFC 9309 2.5: a parsing limit of at least 500 KiB).
@@ -73,8 +73,7 @@ META_ROBOTS = "vertical_robots_received"
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
-    from scrapy.http import Headers
-    from scrapy.http import Response
+    from scrapy.http import Headers, Response
     from scrapy.robotstxt import RobotParser
 
     from vertical.record import URLRecord
