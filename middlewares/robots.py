@@ -196,7 +196,8 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             response = response.replace(body=b"")
         elif len(response.body) > ROBOTS_MAX_SIZE or "download_stopped" in response.flags:
             cut = response.body[:ROBOTS_MAX_SIZE]
-            response = response.replace(body=cut[:cut.rfind(b"\n") + 1])
+            # Up to the last whole line, ended by LF, CRLF or CR alone (as Protego splits them).
+            response = response.replace(body=cut[:max(cut.rfind(b"\n"), cut.rfind(b"\r")) + 1])
             self.crawler.stats.inc_value("vertical/robots/truncated")
             logger.warning("robots.txt of %s is over %d bytes: only the rules before are read", netloc,
                            ROBOTS_MAX_SIZE)
@@ -220,16 +221,21 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             self._scheduler.wake(host_of(f"//{netloc}"), FORBIDDEN)
 
     def _robots_error(self, exc: Exception, netloc: str) -> None:
-        super()._robots_error(exc, netloc)
         # Dropped on its way too (Scrapy allows all then): an answer too
         # large once decompressed, a middleware that refused it. The rules
-        # are as unknown as after a timeout.
+        # are as unknown as after a timeout. Marked before Scrapy fires the
+        # parser's Deferred: under a Twisted reactor its waiters resume at once.
         self._mark_unreachable(netloc, f"failed: {exc!r}")
+        super()._robots_error(exc, netloc)
 
     def _headers_received(self, headers: Headers, request: Request, **kwargs: Any) -> None:
-        if META_ROBOTS in request.meta and headers.get(b"Content-Encoding", b"identity").lower() != b"identity":
-            # Compressed all the same: what it inflates to is bounded as a page's is.
-            request.meta["download_maxsize"] = self.crawler.settings.getint("DOWNLOAD_MAXSIZE")
+        if META_ROBOTS not in request.meta:
+            return
+        # Each answer of a redirect chain is counted from its start.
+        request.meta[META_ROBOTS] = 0
+        compressed = headers.get(b"Content-Encoding", b"identity").lower() != b"identity"
+        # Compressed all the same: what it inflates to is bounded as a page's is.
+        request.meta["download_maxsize"] = self.crawler.settings.getint("DOWNLOAD_MAXSIZE") if compressed else 0
 
     def _bytes_received(self, data: bytes, request: Request, **kwargs: Any) -> None:
         # Past the rules read, the rest of a robots.txt is not downloaded:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from w3lib.url import safe_url_string
 
 from middlewares.dns import prefetch
 from vertical import scrapy_settings
+from vertical import settings as defaults
 from vertical.changes import diff_page
 from vertical.commit import FrontierCommit, PageOutcome
 from vertical.config import ConfigError, load_site
@@ -112,14 +112,16 @@ def apply_site_settings(site: SiteConfig, settings: Any) -> None:
     settings.set("ROBOTSTXT_OBEY", pol.robots, priority="spider")
     if pol.user_agent:
         settings.set("USER_AGENT", pol.user_agent, priority="spider")
-    if not settings.get("ROBOTSTXT_USER_AGENT") and (token := _PRODUCT_TOKEN.match(settings.get("USER_AGENT") or "")):
-        # robots.txt groups name crawlers by product token (RFC 9309 2.2.1),
-        # which Protego would otherwise look for in the whole User-Agent.
-        settings.set("ROBOTSTXT_USER_AGENT", token[0], priority="spider")
+    if not settings.get("ROBOTSTXT_USER_AGENT") and settings.get("USER_AGENT") == defaults.USER_AGENT:
+        # robots.txt groups name crawlers by product token (RFC 9309 2.2.1):
+        # in the whole of our User-Agent, Protego finds "github" too. (A
+        # User-Agent of the user's own is left to Protego, which finds
+        # "MyBot" in "Mozilla/5.0 (compatible; MyBot/1.0)".)
+        settings.set("ROBOTSTXT_USER_AGENT", ROBOTS_TOKEN, priority="spider")
 
 
-#: A User-Agent's product token: its name, before the version and comments.
-_PRODUCT_TOKEN = re.compile(r"[A-Za-z_-]+")
+#: vertical's product token, its name in robots.txt groups.
+ROBOTS_TOKEN = "vertical"
 
 
 #: The "file" named by a :class:`ConfigError` about a spider argument (``-a``).

@@ -225,26 +225,64 @@ def test_a_robots_txt_that_redirects_off_the_site_is_read_there(tmp_path):
     assert result.stat("vertical/robots/forbidden") == 1
 
 
-def test_robots_txt_groups_are_matched_by_the_crawlers_name_not_its_whole_user_agent(tmp_path):
+@pytest.mark.parametrize(("user_agent", "fetched"), [
+    (None, "/other/x"),  # vertical's own: the "*" group
+    ("Mozilla/5.0 (compatible; MyBot/1.0)", "/private/x"),  # the mybot group
+])
+def test_robots_txt_groups_are_matched_by_the_crawlers_name(tmp_path, user_agent, fetched):
     """RFC 9309 matches a group by the product token ("vertical"): Protego
-    matched the group of "github" inside the whole User-Agent string, whose
-    comment names github.com, and left the crawler's own rules unread."""
-    robots = b"User-agent: github\nDisallow: /gh-only/\n\nUser-agent: *\nDisallow: /private/\n"
-    with small_site({**PAGES, "/gh-only/x": (200, html()), "/private/x": (200, html()),
+    matched the group of "github" inside the whole of vertical's User-Agent,
+    whose comment names github.com, and left the crawler's own rules unread.
+    A User-Agent of the user's own is matched as Protego matches it."""
+    robots = (b"User-agent: github\nDisallow: /other/\n\nUser-agent: mybot\nDisallow: /other/\n\n"
+              b"User-agent: *\nDisallow: /private/\n")
+    with small_site({**PAGES, "/other/x": (200, html()), "/private/x": (200, html()),
                      "/robots.txt": (200, robots)}) as server:
-        server.pages["/"] = (200, html("/a", "/gh-only/x", "/private/x"))
-        crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
-    assert sorted(server.log) == ["/", "/a", "/gh-only/x", "/robots.txt"]
+        server.pages["/"] = (200, html("/a", "/other/x", "/private/x"))
+        site = _site(tmp_path, server, **({"user_agent": user_agent} if user_agent else {}))
+        crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    assert sorted(server.log) == sorted(["/", "/a", fetched, "/robots.txt"])
 
 
-@pytest.mark.parametrize("max_size", [0, 1_000_000])
-def test_a_robots_txt_over_500_kib_is_read_up_to_there(tmp_path, max_size):
+@pytest.mark.parametrize("reactor", [None, "twisted.internet.epollreactor.EPollReactor"])
+def test_requests_waiting_for_a_robots_txt_that_fails_are_not_sent_blind(tmp_path, reactor):
+    """Under a Twisted reactor the requests waiting for robots.txt resume
+    as soon as Scrapy gives up on it: the host must be known unreachable by
+    then, or they go out as if allowed."""
+    pages = {f"/private/{i}": (200, html()) for i in range(8)}
+    with small_site({**pages, "/robots.txt": (301, b"")}) as server:
+        server.delays["/robots.txt"] = 1.0
+        server.locations["/robots.txt"] = "http://127.0.0.1:1/robots.txt"  # nothing listens there
+        site = site_file(tmp_path, server.url, name="small", start_urls=[server.url + p for p in pages],
+                         allowed_domains=["127.0.0.1"], follow={"allow": [], "deny": [], "restrict_xpaths": []},
+                         documents=[], politeness={"delay": 0, "concurrency": 16})
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path,
+                       settings={"CONCURRENT_REQUESTS": 32, **({"TWISTED_REACTOR": reactor} if reactor else {})})
+    assert server.log == ["/robots.txt"]
+    assert result.stat("vertical/robots/postponed") == 8
+
+
+def test_a_redirect_answers_body_does_not_count_against_the_robots_txt_it_leads_to(tmp_path):
+    filler = b"".join(b"Disallow: /archive/%d/\n" % i for i in range(7_000))
+    rules = b"User-agent: *\n" + filler + b"Disallow: /late/\n"
+    assert 100_000 < len(rules) < 500 * 1024 < len(rules) + 450 * 1024
+    with small_site({**PAGES, "/late/x": (200, html()), "/robots.txt": (301, b"x" * 450 * 1024),
+                     "/real-robots.txt": (200, rules)}) as server:
+        server.pages["/"] = (200, html("/a", "/late/x"))
+        server.locations["/robots.txt"] = "/real-robots.txt"
+        result = crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
+    assert sorted(server.log) == ["/", "/a", "/real-robots.txt", "/robots.txt"]
+    assert result.stat("vertical/robots/truncated") == 0
+
+
+@pytest.mark.parametrize(("max_size", "newline"), [(0, "\n"), (1_000_000, "\n"), (0, "\r\n"), (0, "\r")])
+def test_a_robots_txt_over_500_kib_is_read_up_to_there(tmp_path, max_size, newline):
     """RFC 9309 lets a crawler stop parsing at 500 KiB, as Google does: the
     rules before the limit hold, those after it are not read. A 2 MB file
     of rules (a site's every listing, or a trap) would otherwise cost the
     reactor seconds to parse and a tenth of a second at every request."""
-    filler = "".join(f"Disallow: /archive/{i}/\n" for i in range(100_000)).encode()
-    robots = b"User-agent: *\nDisallow: /a\n" + filler + b"Disallow: /b\n"
+    filler = "".join(f"Disallow: /archive/{i}/{newline}" for i in range(100_000)).encode()
+    robots = f"User-agent: *{newline}Disallow: /a{newline}".encode() + filler + f"Disallow: /b{newline}".encode()
     assert len(robots) > 2_000_000
     with small_site({**PAGES, "/robots.txt": (200, robots)}) as server:
         # Over DOWNLOAD_MAXSIZE too: the download stops at the limit rather
