@@ -10,8 +10,8 @@ page has one and otherwise from ``<body>`` without ``<nav>``, ``<footer>`` and
 - boilerplate that changes on every fetch (a "generated at" footer, a
   rotating ad, a session token in a form) would make every copy of a page
   unique; the HTML5 landmarks above are where most sites put it;
-- an exact copy's links are not followed (but for those to documents: the
-  spider's), so the hrefs are part of the content: two pages that link
+- an exact copy's links are not followed (but for a hub's links to
+  documents: the spider's), so the hrefs are part of the content: two pages that link
   elsewhere are no copies. Raw hrefs, not resolved ones, so that a mirror
   whose relative links point into itself (``/one/page`` and ``/two/page``
   both linking ``child``) is still recognised as a copy.
