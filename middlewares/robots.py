@@ -191,8 +191,8 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         if status >= 500 or status == 429:
             self._mark_unreachable(netloc, f"answered {status}")
         if status >= 400:
-            # 4xx: no rules (RFC 9309 2.3.1.3); 5xx: the frontier's requests
-            # wait (above), others get Scrapy's allow-all for a failed robots.txt.
+            # 4xx: no rules (RFC 9309 2.3.1.3); 5xx: no rules read either,
+            # and the host's requests wait (process_request_2).
             response = response.replace(body=b"")
         elif len(response.body) > ROBOTS_MAX_SIZE or "download_stopped" in response.flags:
             cut = response.body[:ROBOTS_MAX_SIZE]
