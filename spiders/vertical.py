@@ -624,30 +624,18 @@ class VerticalSpider(Spider):
 
         rule = match_rule(self.site, response.url) or match_rule(self.site, record.url)
         original = response.meta.get(META_DUPLICATE)
-        if original is None:
-            links = self._links(response, record)
-        elif rule is None:
-            # A copy of a known page: its links are left to the original
-            # (Mining the Web: links are not extracted from a duplicate twice),
-            # those to documents excepted. They may name other pages than the
-            # original's (relative links, or each naming its own folder: the
-            # hubs of two releases of a manual), and a copy must not cost a
-            # document; its other links would lead into the mirror, or into
-            # the endless tree of a soft 404's relative links.
-            links = [url for url in self._links(response, record) if match_rule(self.site, url) is not None]
-        else:
-            # A copy of a document page: extracted, its links left to the
-            # original (a soft 404 at a document URL would otherwise lead on
-            # to the next one, itself a document URL, for ever).
-            links = []
+        if original is not None and rule is None:
+            # A copy of a known page (Mining the Web: links are not extracted from a duplicate twice).
+            yield from self._finish(record, PageOutcome(response, duplicate_of=original))
+            return
+        # A copy of a document page is still a document page: extracted, its
+        # links left to the original.
+        links = self._links(response, record) if original is None else []
         # Straight to the frontier, not as requests through the scraper: its
         # output queue runs ahead of the spider, so the page could be written
         # back as fetched before its links were known, and a crawl killed then
-        # would lose them. A copy too: the trap guards count it.
+        # would lose them.
         self.crawler.engine.scheduler.discover(links, record)  # type: ignore[union-attr]
-        if original is not None and rule is None:
-            yield from self._finish(record, PageOutcome(response, duplicate_of=original, links=links))
-            return
         if record.level == 0 and self.feed_discovery:
             if len(feeds := self._sitemap_urls(feed_links(response))) > FEEDS_PER_PAGE:
                 # Feeds go before pages: thousands announced held the pages back.

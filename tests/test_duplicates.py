@@ -216,48 +216,6 @@ def test_mirrored_page_is_a_duplicate_and_its_links_are_not_followed(tmp_path):
         assert copy.extra["duplicate_of"] == fingerprint(server.url + "/one/page")
 
 
-@pytest.mark.parametrize("href", ["doc.html", "/{folder}/doc.html"])
-def test_a_copy_still_leads_to_the_documents_under_its_own_urls(tmp_path, href):
-    """Two hubs of the same text whose links, relative or naming each its
-    own folder, lead to two different documents (two releases of a manual):
-    the second hub is a copy, and its document links are followed all the
-    same. Before, /b/doc.html was never asked for."""
-    def hub(folder: str) -> bytes:
-        return f'<html><body><h1>Manual</h1><a href="{href.format(folder=folder)}">doc</a></body></html>'.encode()
-
-    pages = {"/robots.txt": (200, b"User-agent: *\nDisallow:\n"),
-             "/": (200, b'<html><body><a href="/a/">a</a> <a href="/b/">b</a></body></html>'),
-             "/a/": (200, hub("a")), "/b/": (200, hub("b")),
-             "/a/doc.html": (200, b"<html><body><h1>Release one</h1></body></html>"),
-             "/b/doc.html": (200, b"<html><body><h1>Release two</h1></body></html>")}
-    with small_site(pages) as server:
-        site = site_file(tmp_path, server.url, name="mirror", follow={"allow": [], "deny": [], "restrict_xpaths": []},
-                         documents=[{"name": "doc", "match": r"/doc\.html$", "fields": {"title": "//h1/text()"}}],
-                         politeness={"delay": 0, "concurrency": 1})
-        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
-    assert result.stat("vertical/duplicate/exact") == 1
-    assert sorted(i["fields"]["title"] for i in result.items) == ["Release one", "Release two"]
-
-
-def test_copies_that_are_no_documents_spend_their_familys_budget(tmp_path):
-    """Not-found pages that name their URL are copies of each other once it
-    is masked; each still costs its family's budget (traps.family_budget),
-    or a hub linking thousands of them has them all fetched."""
-    links = "".join(f'<a href="/ev/{i}">{i}</a>' for i in range(60))
-    pages = {"/robots.txt": (200, b"User-agent: *\nDisallow:\n"),
-             "/": (200, f"<html><body>{links}</body></html>".encode()),
-             **{f"/ev/{i}": (200, f"<html><body><p>No event at /ev/{i}</p></body></html>".encode())
-                for i in range(60)}}
-    with small_site(pages) as server:
-        site = site_file(tmp_path, server.url, name="mirror", follow={"allow": [], "deny": [], "restrict_xpaths": []},
-                         documents=[], politeness={"delay": 0, "concurrency": 1},
-                         traps={"family_budget": 10})
-        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
-    assert result.stat("vertical/duplicate/exact") >= 9
-    assert len([p for p in server.log if p.startswith("/ev/")]) <= 10 + 1
-    assert result.stat("vertical/trap/url_family") > 0
-
-
 def test_index_is_rebuilt_from_the_store(tmp_path):
     # The original answers 304 on the second run, so the copy can only be
     # recognised through what the first run stored.

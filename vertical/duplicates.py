@@ -10,11 +10,11 @@ page has one and otherwise from ``<body>`` without ``<nav>``, ``<footer>`` and
 - boilerplate that changes on every fetch (a "generated at" footer, a
   rotating ad, a session token in a form) would make every copy of a page
   unique; the HTML5 landmarks above are where most sites put it;
-- an exact copy's links are not followed (but for a hub's links to
-  documents: the spider's), so the hrefs are part of the content: two pages that link
-  elsewhere are no copies. Raw hrefs, not resolved ones, so that a mirror
-  whose relative links point into itself (``/one/page`` and ``/two/page``
-  both linking ``child``) is still recognised as a copy.
+- an exact copy's links are not followed, so two pages are copies only when
+  following the links of the second would find nothing new: the hrefs are
+  part of the content. Raw hrefs, not resolved ones, so that a mirror whose
+  relative links point into itself (``/one/page`` and ``/two/page`` both
+  linking ``child``) is still recognised as a copy.
 
 Mentions of the page's own URL are masked (:func:`mask_url`): a soft 404
 names the URL it answers for, and is otherwise the same page for every URL.
