@@ -230,7 +230,7 @@ def test_command_on_a_file_that_is_no_store(tmp_path):
     notes.write_text("these are my notes, not a frontier\n" * 100)
     done = scrapy("vertical-status", "--store", f"sqlite:///{notes}")
     assert done.returncode == 2
-    assert f"SQLite store {notes} cannot be opened: file is not a database" in done.stderr
+    assert f"{notes} is no vertical store: not an SQLite database (file is not a database)" in done.stderr
     assert "Traceback" not in done.stderr
 
 
