@@ -68,8 +68,8 @@ def test_a_minimal_config_crawls_the_wild_site_to_its_end(tmp_path):
     assert kinds["chain"] <= 1 + 3 + (H + 1)
     # a branching trap: F pages barren at their first fetch (counted from
     # their hand-out, so however far the spider runs behind the downloader)
-    # and one more for each page that revealed a new document, plus those
-    # pages (at most one a document);
+    # and at most one more for each page that revealed a new document, plus
+    # those pages (at most one a document);
     for kind in ("facets", "session"):
         assert kinds[kind] <= F + 2 * site.docs, kind
     # copies: a soft 404 names the URL it answers for, and with that masked
@@ -224,8 +224,8 @@ def test_a_family_that_yields_is_not_refused_for_its_barren_pages():
             if not g.hand_out(rec) or g.refuse_fetch(rec):
                 continue
             fetched[order] += 1
-            links = [f"http://x/doc/{n}"] if order == "new" else []
-            g.page_links(rec, links)
+            following = f"http://x/list?page={n + 1}" if order == "new" else f"http://x/list?sort=old&page={n + 1}"
+            g.page_links(rec, [following, f"http://x/doc/{n}"])
             g.known.add(fingerprint(f"http://x/doc/{n}"))
     assert fetched == {"new": 300, "old": 300}
     # Once it stops yielding, its waste ends within its budget.
@@ -235,6 +235,27 @@ def test_a_family_that_yields_is_not_refused_for_its_barren_pages():
             fetched["old"] += 1
             g.page_links(rec, [])
     assert fetched["old"] == 300 + 10
+
+
+def test_a_branching_family_that_yields_now_and_then_still_ends_near_its_budget():
+    # Faceted search over a catalogue: every page links 25 new facet pages,
+    # and every other one lists a document the crawl has not seen yet. What
+    # its productive pages buy is shared among the facets they link, or the
+    # trap would run as long as the catalogue lasts.
+    g = guard(family_budget=40)
+    home = page("http://x/")
+    g.page_links(home, ["http://x/search?q=0"])
+    frontier, fetches, minted = [(page("http://x/search?q=0"), home)], 0, 1
+    while frontier and fetches < 10_000:
+        rec, parent = frontier.pop(0)
+        if g.check(rec, parent) or g.refuse_fetch(rec):
+            continue
+        fetches += 1
+        links = [f"http://x/search?q={minted + i}" for i in range(25)]
+        minted += 25
+        g.page_links(rec, links + ([f"http://x/doc/{fetches}"] if fetches % 2 else []))
+        frontier += [(page(u), rec) for u in links]
+    assert fetches <= 2 * 40 + 10
 
 
 def test_a_family_counts_its_first_fetches_from_their_hand_out():

@@ -259,22 +259,24 @@ class BarrenGuard:
       trap (a calendar, a random chain) costs ``2 * max_hops + 1`` fetches at
       most from where it is entered.
     - ``url_family``: a family (:func:`url_family`) has an allowance of
-      ``family_budget`` plus the pages of it that were productive at their
-      first fetch. It admits at most its allowance of URLs found on barren
-      pages of its own, and once as many of its pages were barren at their
-      first fetch, none of its URLs is fetched any more for the first time
-      (they are refused at discovery and again before their fetch,
-      :meth:`refuse_fetch`). A
-      first fetch counts against its family from the moment it is handed
-      out (:meth:`hand_out`), not when its links are read: pages fetched but
-      not yet parsed (the spider runs behind the downloader on a loaded
-      machine) cannot carry a family past its allowance. A branching trap
-      (faceted search, session ids minted on every page) costs at most
-      ``family_budget`` first fetches that yield nothing, plus one for each
-      that yielded; a family that yields at least as often as it does not
-      is never refused, however large (a listing in two orders, the second
-      linking only documents the first found), nor are the links of
-      productive pages (a listing that links its 2 000 pages at once).
+      ``family_budget`` plus what its pages productive at their first fetch
+      bought it: one barren page each, shared among the new URLs of the
+      family the page links. It admits at most its allowance of URLs found
+      on barren pages of its own, and once as many of its pages were barren
+      at their first fetch, none of its URLs is fetched any more for the
+      first time (they are refused at discovery and again before their
+      fetch, :meth:`refuse_fetch`). A first fetch counts against its family
+      from the moment it is handed out (:meth:`hand_out`), not when its
+      links are read: pages fetched but not yet parsed (the spider runs
+      behind the downloader on a loaded machine) cannot carry a family past
+      its allowance. A branching trap (faceted search, session ids minted on
+      every page) costs about ``family_budget`` first fetches that yield
+      nothing, plus those that yielded (a facet page linking 25 new facets
+      buys a 25th of a page); a listing that yields page after
+      page buys a whole page each, so a second order of it that finds only
+      documents the first found never refuses the first. Nor are the links
+      of productive pages refused (a listing that links its 2 000 pages at
+      once).
 
     Plain Python: ``is_document(url)`` applies the site's document rules and
     ``new(fingerprints)`` answers which fingerprints the frontier does not
@@ -299,7 +301,7 @@ class BarrenGuard:
         self.max_hops = max_hops
         self.family_budget = family_budget
         self.barren: Counter[str] = Counter()  # family -> pages barren at their first fetch
-        self.yielded: Counter[str] = Counter()  # family -> pages productive at their first fetch
+        self.yielded: Counter[str] = Counter()  # family -> credit of its pages productive at their first fetch
         self.spawned: Counter[str] = Counter()  # family -> URLs admitted from its own barren pages
         self.under_way: Counter[str] = Counter()  # family -> first fetches handed out, not yet noted
         self._under_way: dict[int, str] = {}  # their fingerprints -> family
@@ -329,7 +331,11 @@ class BarrenGuard:
             docs = {fingerprint(u) for u in urls if self.is_document(u)}
             productive = bool(docs) and bool(self.new(docs))
             if not page.visits:
-                (self.yielded if productive else self.barren)[url_family(page.url)] += 1
+                family = url_family(page.url)
+                if productive:
+                    self.yielded[family] += self._credit(family, urls)
+                else:
+                    self.barren[family] += 1
         below = self._below
         below[page.fingerprint] = 0 if productive else page.extra.get(HOPS, 0) + 1
         below.move_to_end(page.fingerprint)
@@ -400,7 +406,16 @@ class BarrenGuard:
             return None
         return self._exhausted(record.url)
 
-    def _allowance(self, family: str) -> int:
+    def _credit(self, family: str, urls: Collection[str]) -> float:
+        # A productive page buys its family one barren page, shared among
+        # the new URLs of the family it links: a listing's page, linking its
+        # next, buys a whole one; a facet page linking 25 new facets buys a
+        # 25th of one, so a branching trap that yields now and then still
+        # ends near its budget.
+        kin = {fingerprint(u) for u in urls if url_family(u) == family}
+        return 1 / max(1, len(self.new(kin))) if kin else 1.0
+
+    def _allowance(self, family: str) -> float:
         # What a family may waste grows with what it yields, so that its
         # barren pages (a second order of a listing) never refuse its
         # productive ones, and a trap's cost stays in proportion to its yield.
