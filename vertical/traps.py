@@ -258,25 +258,22 @@ class BarrenGuard:
       listing of documents 500 pages long is as deep as it likes, a linear
       trap (a calendar, a random chain) costs ``2 * max_hops + 1`` fetches at
       most from where it is entered.
-    - ``url_family``: a family (:func:`url_family`) has an allowance of
-      ``family_budget`` plus what its pages productive at their first fetch
-      bought it: one barren page each, shared among the new URLs of the
-      family the page links. It admits at most its allowance of URLs found
-      on barren pages of its own, and once as many of its pages were barren
-      at their first fetch, none of its URLs is fetched any more for the
-      first time (they are refused at discovery and again before their
-      fetch, :meth:`refuse_fetch`). A first fetch counts against its family
-      from the moment it is handed out (:meth:`hand_out`), not when its
-      links are read: pages fetched but not yet parsed (the spider runs
-      behind the downloader on a loaded machine) cannot carry a family past
-      its allowance. A branching trap (faceted search, session ids minted on
-      every page) costs about ``family_budget`` first fetches that yield
-      nothing, plus those that yielded (a facet page linking 25 new facets
-      buys a 25th of a page); a listing that yields page after
-      page buys a whole page each, so a second order of it that finds only
-      documents the first found never refuses the first. Nor are the links
-      of productive pages refused (a listing that links its 2 000 pages at
-      once).
+    - ``url_family``: a family (:func:`url_family`) admits at most
+      ``family_budget`` URLs found on barren pages of its own, and once
+      ``family_budget`` of its pages were barren at their first fetch, none
+      of its URLs is fetched any more for the first time (they are refused
+      at discovery and again before their fetch, :meth:`refuse_fetch`). A
+      first fetch counts against its family from the moment it is handed
+      out (:meth:`hand_out`), not when its links are read: pages fetched but
+      not yet parsed (the spider runs behind the downloader on a loaded
+      machine) cannot carry a family past its budget. A branching trap
+      (faceted search, session ids minted on every page) costs at most
+      ``family_budget`` first fetches that yield nothing. A family is
+      refused however many of its pages yield (a trap that yields now and
+      then is still a trap), so a listing whose barren query variants spend
+      the budget loses its later pages; the links of productive pages of
+      other families are never refused (a listing that links its 2 000
+      pages at once).
 
     Plain Python: ``is_document(url)`` applies the site's document rules and
     ``new(fingerprints)`` answers which fingerprints the frontier does not
@@ -301,7 +298,6 @@ class BarrenGuard:
         self.max_hops = max_hops
         self.family_budget = family_budget
         self.barren: Counter[str] = Counter()  # family -> pages barren at their first fetch
-        self.yielded: Counter[str] = Counter()  # family -> credit of its pages productive at their first fetch
         self.spawned: Counter[str] = Counter()  # family -> URLs admitted from its own barren pages
         self.under_way: Counter[str] = Counter()  # family -> first fetches handed out, not yet noted
         self._under_way: dict[int, str] = {}  # their fingerprints -> family
@@ -330,12 +326,8 @@ class BarrenGuard:
         else:
             docs = {fingerprint(u) for u in urls if self.is_document(u)}
             productive = bool(docs) and bool(self.new(docs))
-            if not page.visits:
-                family = url_family(page.url)
-                if productive:
-                    self.yielded[family] += self._credit(family, urls)
-                else:
-                    self.barren[family] += 1
+            if not productive and not page.visits:
+                self.barren[url_family(page.url)] += 1
         below = self._below
         below[page.fingerprint] = 0 if productive else page.extra.get(HOPS, 0) + 1
         below.move_to_end(page.fingerprint)
@@ -362,7 +354,7 @@ class BarrenGuard:
             # trap that branches (25 new facet links a page) would queue far
             # more of them than its budget lets it fetch. (An index page
             # linking 3 000 categories is of another family than they are.)
-            if self.spawned[family] >= self._allowance(family):
+            if self.spawned[family] >= self.family_budget:
                 return "url_family"
             self.spawned[family] += 1
         return None
@@ -372,13 +364,13 @@ class BarrenGuard:
         fetch of a page that is no document is counted under way in its
         family until its links are noted (:meth:`page_links`) or it comes
         back without them (:meth:`landed`). While the family's barren pages
-        and those under way fill its allowance, its next URL waits: those under
+        and those under way fill its budget, its next URL waits: those under
         way may still prove productive. A family that ran out goes on
         handing out, for :meth:`refuse_fetch` to refuse."""
         if record.visits or not self.family_budget or self.is_document(record.url):
             return True
         family = url_family(record.url)
-        if self.barren[family] < self._allowance(family) <= self.barren[family] + self.under_way[family]:
+        if self.barren[family] < self.family_budget <= self.barren[family] + self.under_way[family]:
             self._waiting.add(family)
             return False
         self._under_way[record.fingerprint] = family
@@ -406,22 +398,7 @@ class BarrenGuard:
             return None
         return self._exhausted(record.url)
 
-    def _credit(self, family: str, urls: Collection[str]) -> float:
-        # A productive page buys its family one barren page, shared among
-        # the new URLs of the family it links: a listing's page, linking its
-        # next, buys a whole one; a facet page linking 25 new facets buys a
-        # 25th of one, so a branching trap that yields now and then still
-        # ends near its budget.
-        kin = {fingerprint(u) for u in urls if url_family(u) == family}
-        return 1 / max(1, len(self.new(kin))) if kin else 1.0
-
-    def _allowance(self, family: str) -> float:
-        # What a family may waste grows with what it yields, so that its
-        # barren pages (a second order of a listing) never refuse its
-        # productive ones, and a trap's cost stays in proportion to its yield.
-        return self.family_budget + self.yielded[family]
-
     def _exhausted(self, url: str) -> str | None:
-        if self.family_budget and self.barren[family := url_family(url)] >= self._allowance(family):
+        if self.family_budget and self.barren[url_family(url)] >= self.family_budget:
             return "url_family"
         return None
