@@ -271,8 +271,8 @@ class BarrenGuard:
       ``family_budget`` first fetches that yield nothing. A family is
       refused however many of its pages yield (a trap that yields now and
       then is still a trap), so a listing whose barren query variants spend
-      the budget loses its later pages; the links of productive pages of
-      other families are never refused (a listing that links its 2 000
+      the budget loses its later pages. The URLs a productive page links
+      never count against its family (a listing that links its 2 000
       pages at once).
 
     Plain Python: ``is_document(url)`` applies the site's document rules and
