@@ -5,7 +5,9 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
 ``politeness.robots``) with what a frontier crawl needs on top:
 
 - a host's robots.txt is fetched once and kept for ``VERTICAL_ROBOTS_TTL``
-  seconds, then fetched again before the host's next request;
+  seconds, then fetched again before the host's next request; a host here
+  is an origin, scheme, host and port (RFC 9309 2.3), where Scrapy's cache
+  gave ``https://h/`` the rules of ``http://h/robots.txt``;
 - its ``Crawl-delay`` (for our user agent) becomes the delay of the host's
   download slot, capped at the site's ``politeness.crawl_delay_max`` and
   never below the delay the slot had from the settings; it is kept in the
@@ -81,6 +83,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _origin(request: Request) -> str:
+    """What a robots.txt applies to: scheme, host and port (RFC 9309 2.3).
+    Scrapy keys its parsers by netloc alone, which gives ``https://h/`` the
+    rules of ``http://h/robots.txt``."""
+    url = urlparse_cached(request)
+    return f"{url.scheme}://{url.netloc}"
+
+
 def _passed_on(pending: Deferred[Any]) -> Deferred[Any]:
     """A Deferred fired with ``pending``'s result, which ``pending`` keeps
     for its other callbacks."""
@@ -102,10 +112,12 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         settings = crawler.settings
         self.ttl: float = settings.getfloat("VERTICAL_ROBOTS_TTL")
         self.postpone: float = settings.getfloat("VERTICAL_ROBOTS_POSTPONE")
-        self._expires: dict[str, float] = {}  # netloc -> monotonic time its robots.txt expires
-        self._unreachable: dict[str, float] = {}  # netloc -> scheduler time the postponement ends
+        # Keyed by origin (scheme://host:port, RFC 9309 2.3), as is Scrapy's
+        # cache of parsers here: http://h and https://h have a robots.txt each.
+        self._expires: dict[str, float] = {}  # origin -> monotonic time its robots.txt expires
+        self._unreachable: dict[str, float] = {}  # origin -> scheduler time the postponement ends
         self._slot_delays: dict[str, float] = {}  # slot key -> its delay before any Crawl-delay
-        self._refreshing: set[str] = set()  # netlocs whose robots.txt is being fetched again
+        self._refreshing: set[str] = set()  # origins whose robots.txt is being fetched again
         crawler.signals.connect(self._headers_received, signal=signals.headers_received)
         crawler.signals.connect(self._bytes_received, signal=signals.bytes_received)
 
@@ -122,37 +134,36 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         dropped it, which read as "allow all"); and every request waiting
         for it gets the parser (Scrapy's await hands it to the first waiter
         only, and None, "allow all", to the rest)."""
-        url = urlparse_cached(request)
-        netloc = url.netloc
-        expires = self._expires.get(netloc)
+        origin = _origin(request)
+        expires = self._expires.get(origin)
         parsers = robots_parsers(self)
-        if expires is not None and expires <= time.monotonic() and not isinstance(parsers.get(netloc), Deferred):
+        if expires is not None and expires <= time.monotonic() and not isinstance(parsers.get(origin), Deferred):
             # Scrapy keeps a parser for the whole crawl; ours are refetched.
-            del parsers[netloc], self._expires[netloc]
-            self._unreachable.pop(netloc, None)
-            self._refreshing.add(netloc)
-        if netloc not in parsers:
-            parsers[netloc] = Deferred()
+            del parsers[origin], self._expires[origin]
+            self._unreachable.pop(origin, None)
+            self._refreshing.add(origin)
+        if origin not in parsers:
+            parsers[origin] = Deferred()
             # Uncompressed, and stopped at ROBOTS_MAX_SIZE (_bytes_received)
             # rather than failed whole past DOWNLOAD_MAXSIZE.
-            robots = Request(f"{url.scheme}://{netloc}/robots.txt", priority=self.DOWNLOAD_PRIORITY,
+            robots = Request(f"{origin}/robots.txt", priority=self.DOWNLOAD_PRIORITY,
                              headers={"Accept-Encoding": "identity"}, callback=NO_CALLBACK,
                              meta={"dont_obey_robotstxt": True, "allow_offsite": True, META_ROBOTS: 0,
                                    "download_maxsize": 0})
             try:
                 response = await self.crawler.engine.download_async(robots)  # type: ignore[union-attr]
-                await self._parse_robots(response, netloc, request)
+                await self._parse_robots(response, origin, request)
             except Exception as exc:  # noqa: BLE001 - any failure leaves the rules unknown
-                self._robots_error(exc, netloc)
+                self._robots_error(exc, origin)
             self.crawler.stats.inc_value("robotstxt/request_count")
-        parser = parsers[netloc]
+        parser = parsers[origin]
         if isinstance(parser, Deferred):
             return await maybe_deferred_to_future(_passed_on(parser))
         return parser
 
     def process_request_2(self, rp: RobotParser | None, request: Request) -> None:
         record: URLRecord | None = request.meta.get(META_RECORD)
-        until = self._unreachable.get(urlparse_cached(request).netloc)
+        until = self._unreachable.get(_origin(request))
         if record is None:
             if until is not None:
                 # Rules unknown: a sitemap or a second stage is not fetched
@@ -186,10 +197,10 @@ class RobotsMiddleware(RobotsTxtMiddleware):
 
     # -- robots.txt responses ---------------------------------------------------
 
-    async def _parse_robots(self, response: Response, netloc: str, request: Request) -> None:
+    async def _parse_robots(self, response: Response, origin: str, request: Request) -> None:
         status = response.status
         if status >= 500 or status == 429:
-            self._mark_unreachable(netloc, f"answered {status}")
+            self._mark_unreachable(origin, f"answered {status}")
         if status >= 400:
             # 4xx: no rules (RFC 9309 2.3.1.3); 5xx: no rules read either,
             # and the host's requests wait (process_request_2).
@@ -199,12 +210,12 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             # Up to the last whole line, ended by LF, CRLF or CR alone (as Protego splits them).
             response = response.replace(body=cut[:max(cut.rfind(b"\n"), cut.rfind(b"\r")) + 1])
             self.crawler.stats.inc_value("vertical/robots/truncated")
-            logger.warning("robots.txt of %s is over %d bytes: only the rules before are read", netloc,
+            logger.warning("robots.txt of %s is over %d bytes: only the rules before are read", origin,
                            ROBOTS_MAX_SIZE)
-        await super()._parse_robots(response, netloc, request)
-        if netloc not in self._unreachable:
-            self._expires[netloc] = time.monotonic() + self.ttl
-        rp = robots_parsers(self)[netloc]
+        await super()._parse_robots(response, origin, request)
+        if origin not in self._unreachable:
+            self._expires[origin] = time.monotonic() + self.ttl
+        rp = robots_parsers(self)[origin]
         if rp is not None:
             self._apply_crawl_delay(rp, request)
         if (found := getattr(self.crawler.spider, "sitemaps_found", None)) and (status == 200 or 400 <= status < 500):
@@ -215,18 +226,18 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             found(robots_sitemaps(response.body, response.url, parsed if isinstance(parsed, Protego) else None)
                   if status == 200 else [],
                   robots=as_requested(response))
-        if netloc in self._refreshing and netloc not in self._unreachable:
+        if origin in self._refreshing and origin not in self._unreachable:
             # New rules: the host's forbidden URLs are looked at again now.
-            self._refreshing.discard(netloc)
-            self._scheduler.wake(host_of(f"//{netloc}"), FORBIDDEN)
+            self._refreshing.discard(origin)
+            self._scheduler.wake(host_of(origin), FORBIDDEN)
 
-    def _robots_error(self, exc: Exception, netloc: str) -> None:
+    def _robots_error(self, exc: Exception, origin: str) -> None:
         # Dropped on its way too (Scrapy allows all then): an answer too
         # large once decompressed, a middleware that refused it. The rules
         # are as unknown as after a timeout. Marked before Scrapy fires the
         # parser's Deferred: under a Twisted reactor its waiters resume at once.
-        self._mark_unreachable(netloc, f"failed: {exc!r}")
-        super()._robots_error(exc, netloc)
+        self._mark_unreachable(origin, f"failed: {exc!r}")
+        super()._robots_error(exc, origin)
 
     def _headers_received(self, headers: Headers, request: Request, **kwargs: Any) -> None:
         if META_ROBOTS not in request.meta:
@@ -245,12 +256,12 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             if received > ROBOTS_MAX_SIZE:
                 raise StopDownload(fail=False)
 
-    def _mark_unreachable(self, netloc: str, why: str) -> None:
+    def _mark_unreachable(self, origin: str, why: str) -> None:
         scheduler = self._scheduler
-        self._expires[netloc] = time.monotonic() + self.postpone
-        self._unreachable[netloc] = scheduler.now() + self.postpone
-        scheduler.postpone_host(host_of(f"//{netloc}"), self.postpone)
-        logger.warning("robots.txt of %s %s: host postponed for %gs", netloc, why, self.postpone)
+        self._expires[origin] = time.monotonic() + self.postpone
+        self._unreachable[origin] = scheduler.now() + self.postpone
+        scheduler.postpone_host(host_of(origin), self.postpone)
+        logger.warning("robots.txt of %s %s: host postponed for %gs", origin, why, self.postpone)
 
     def _apply_crawl_delay(self, rp: RobotParser, request: Request) -> None:
         crawl_delay = rp.crawl_delay(robots_useragent(self, request))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import email.utils
+import random
 import sqlite3
+import ssl
+import subprocess
 import time
 import zlib
 from collections.abc import Iterator
@@ -157,8 +160,9 @@ class SmallSite(LoopbackServer):
     an ETag and a matching If-None-Match gets 304; ``locations`` gives a
     path's answer a ``Location``."""
 
-    def __init__(self, pages: dict[str, tuple[int, bytes]], etags: bool = False) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, pages: dict[str, tuple[int, bytes]], etags: bool = False,
+                 address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+        super().__init__(address, _Handler)
         self.pages = pages
         self.etags = etags
         self.log: list[str] = []
@@ -223,6 +227,37 @@ def test_a_robots_txt_that_redirects_off_the_site_is_read_there(tmp_path):
     assert rules.log == ["/robots.txt"]
     assert sorted(server.log) == ["/", "/a", "/robots.txt"]
     assert result.stat("vertical/robots/forbidden") == 1
+
+
+def test_http_and_https_of_one_host_each_have_their_robots_txt(tmp_path):
+    """RFC 9309 2.3: a robots.txt applies to the scheme, host and port it
+    was fetched from. On their default ports http://h/ and https://h/ share
+    a netloc, by which Scrapy keys its parsers: https://h/private/ was
+    fetched under http://h/robots.txt's rules."""
+    host = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={host}",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    pages = {"/": (200, html()), "/private/x": (200, html()), "/plain-only/x": (200, html())}
+    try:
+        plain = SmallSite({**pages, "/robots.txt": (200, b"User-agent: *\nDisallow: /plain-only/\n")},
+                          address=(host, 80))
+        secure = SmallSite({**pages, "/robots.txt": (200, b"User-agent: *\nDisallow: /private/\n")},
+                           address=(host, 443))
+    except PermissionError:
+        pytest.skip("ports 80 and 443 need root")
+    secure.socket = tls.wrap_socket(secure.socket, server_side=True)
+    with serving(plain), serving(secure):
+        site = site_file(tmp_path, f"http://{host}", name="small", allowed_domains=[host], documents=[],
+                         start_urls=[f"{scheme}://{host}{path}" for scheme in ("http", "https") for path in pages],
+                         follow={"allow": [], "deny": [], "restrict_xpaths": []},
+                         politeness={"delay": 0, "concurrency": 1})
+        result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    assert sorted(plain.log) == ["/", "/private/x", "/robots.txt"]
+    assert sorted(secure.log) == ["/", "/plain-only/x", "/robots.txt"]
+    assert result.stat("vertical/robots/forbidden") == 2
 
 
 @pytest.mark.parametrize(("user_agent", "fetched"), [
