@@ -15,8 +15,8 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
   after Scrapy's slot garbage collection) starts with it;
 - a 4xx answer ("unavailable") allows everything, whatever its body says;
 - a 5xx or 429 answer after Scrapy's retries, a timeout, a network error or
-  a robots.txt dropped on its way (too large once decompressed, refused by a
-  middleware; Scrapy allows all then) ("unreachable") means the rules are
+  a robots.txt dropped on its way (too large once Scrapy decompressed it,
+  refused by a middleware; Scrapy allows all then) ("unreachable") means the rules are
   unknown, so nothing of the host is
   fetched: the host is postponed for ``VERTICAL_ROBOTS_POSTPONE`` seconds
   (``scheduler.postpone_host``) and robots.txt is asked again after that;
@@ -26,7 +26,8 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
   anew, so a rule that was lifted lets it be fetched;
 - robots.txt is asked for of every host a request goes to, within
   ``allowed_domains`` or not (a second stage's, a robots.txt redirected),
-  uncompressed;
+  uncompressed; one compressed all the same with gzip or deflate is
+  inflated only as far as it is read (:class:`RobotsInflateMiddleware`);
 - only its first ``ROBOTS_MAX_SIZE`` bytes (500 KiB, RFC 9309's least
   parsing limit and Google's) are downloaded and read, up to the last whole
   line, counted in
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 from protego import Protego
@@ -245,7 +247,9 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         # Each answer of a redirect chain is counted from its start.
         request.meta[META_ROBOTS] = 0
         compressed = headers.get(b"Content-Encoding", b"identity").lower() != b"identity"
-        # Compressed all the same: what it inflates to is bounded as a page's is.
+        # Compressed all the same: gzip and deflate are inflated up to the
+        # rules read (RobotsInflateMiddleware); what Scrapy inflates (br,
+        # zstd) is bounded as a page's is.
         request.meta["download_maxsize"] = self.crawler.settings.getint("DOWNLOAD_MAXSIZE") if compressed else 0
 
     def _bytes_received(self, data: bytes, request: Request, **kwargs: Any) -> None:
@@ -283,3 +287,33 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         if (slot := existing_slot(downloader, key)) is not None:
             set_slot_delay(slot, delay)
 
+
+class RobotsInflateMiddleware:
+    """Inflates a robots.txt that came compressed though it was asked for
+    ``identity`` (gzip or deflate), up to ``ROBOTS_MAX_SIZE`` and no
+    further: Scrapy's ``HttpCompressionMiddleware`` (590, which this one
+    precedes) inflates a body whole and drops it past ``DOWNLOAD_MAXSIZE``,
+    which left the rules unknown and the host postponed at every try, where
+    the same file sent plain is read up to there. Other encodings, and a
+    body that is no such stream, are left to Scrapy."""
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        if META_ROBOTS not in request.meta or response.status != 200:
+            return response
+        encoding = response.headers.getlist(b"Content-Encoding")
+        if len(encoding) != 1 or encoding[0].lower() not in (b"gzip", b"x-gzip", b"deflate"):
+            return response
+        # 47: a gzip or zlib header, whichever it has; -15: raw deflate,
+        # which some servers send as "deflate".
+        for wbits in (47, -15):
+            try:
+                body = zlib.decompressobj(wbits).decompress(response.body, ROBOTS_MAX_SIZE + 1)
+                break
+            except zlib.error:
+                continue
+        else:
+            return response
+        headers = response.headers.copy()
+        del headers[b"Content-Encoding"]
+        # More than ROBOTS_MAX_SIZE: cut at the last whole line when parsed.
+        return response.replace(body=body, headers=headers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import gzip
 import random
 import sqlite3
 import ssl
@@ -145,6 +146,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("ETag", etag)
         if self.path in server.locations:
             self.send_header("Location", server.locations[self.path])
+        for name, value in server.headers.get(self.path, {}).items():
+            self.send_header(name, value)
         if status != 304:
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -169,6 +172,7 @@ class SmallSite(LoopbackServer):
         self.statuses: dict[str, int] = {}
         self.locations: dict[str, str] = {}
         self.delays: dict[str, float] = {}  # path -> seconds before it is answered
+        self.headers: dict[str, dict[str, str]] = {}  # path -> more headers of its answer
 
 
 @contextmanager
@@ -308,6 +312,27 @@ def test_a_redirect_answers_body_does_not_count_against_the_robots_txt_it_leads_
         result = crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
     assert sorted(server.log) == ["/", "/a", "/real-robots.txt", "/robots.txt"]
     assert result.stat("vertical/robots/truncated") == 0
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate"])
+def test_a_robots_txt_compressed_despite_identity_is_read_up_to_500_kib(tmp_path, encoding):
+    """A server that compresses robots.txt though it was asked for
+    ``identity``: 20 MB of comments after the rules, 50 KB on the wire.
+    Scrapy inflated it whole and dropped it past DOWNLOAD_MAXSIZE, which
+    left the rules unknown and the host postponed at every try, where the
+    same file sent plain is read up to 500 KiB."""
+    robots = b"User-agent: *\nDisallow: /a\n" + b"# nothing to see here, move along\n" * 600_000 + b"Disallow: /b\n"
+    assert len(robots) > 16 * 1024 * 1024  # the crawl's DOWNLOAD_MAXSIZE
+    if encoding == "gzip":
+        body = gzip.compress(robots)
+    else:
+        packer = zlib.compressobj(wbits=-15 if encoding == "raw deflate" else 15)
+        body = packer.compress(robots) + packer.flush()
+    with small_site({**PAGES, "/robots.txt": (200, body)}) as server:
+        server.headers["/robots.txt"] = {"Content-Encoding": encoding.split()[-1]}
+        result = crawl(_site(tmp_path, server), tmp_path / "f.sqlite3", tmp_path)
+    assert sorted(server.log) == ["/", "/b", "/robots.txt"]
+    assert result.stat("vertical/robots/truncated") == 1 and result.stat("vertical/robots/forbidden") == 1
 
 
 @pytest.mark.parametrize(("max_size", "newline"), [(0, "\n"), (1_000_000, "\n"), (0, "\r\n"), (0, "\r")])

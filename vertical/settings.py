@@ -96,6 +96,9 @@ DOWNLOADER_MIDDLEWARES = {
     # Scrapy's robots.txt handling, plus expiry, Crawl-delay and host postponement.
     "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
     "middlewares.robots.RobotsMiddleware": 100,
+    # A robots.txt compressed against our asking, inflated up to the 500 KiB
+    # read, before Scrapy's HttpCompressionMiddleware (590) inflates it whole.
+    "middlewares.robots.RobotsInflateMiddleware": 595,
     "middlewares.conditional.ConditionalRequestMiddleware": 560,
     # 429, and 503 with Retry-After, postpone the host, before Scrapy's
     # RetryMiddleware (550) would ask again at once.
