@@ -120,6 +120,9 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         self._unreachable: dict[str, float] = {}  # origin -> scheduler time the postponement ends
         self._slot_delays: dict[str, float] = {}  # slot key -> its delay before any Crawl-delay
         self._refreshing: set[str] = set()  # origins whose robots.txt is being fetched again
+        # The host name's download slot and pace are one for all its origins:
+        # each origin's Crawl-delay is kept, and the longest holds.
+        self._crawl_delays: dict[str, float | None] = {}  # origin -> its Crawl-delay
         crawler.signals.connect(self._headers_received, signal=signals.headers_received)
         crawler.signals.connect(self._bytes_received, signal=signals.bytes_received)
 
@@ -219,7 +222,7 @@ class RobotsMiddleware(RobotsTxtMiddleware):
             self._expires[origin] = time.monotonic() + self.ttl
         rp = robots_parsers(self)[origin]
         if rp is not None:
-            self._apply_crawl_delay(rp, request)
+            self._apply_crawl_delay(rp, origin, request)
         if (found := getattr(self.crawler.spider, "sitemaps_found", None)) and (status == 200 or 400 <= status < 500):
             # A robots.txt gone (4xx) names no sitemap any more; unreachable,
             # it is unknown. Known by the URL asked for, wherever it redirects.
@@ -264,13 +267,26 @@ class RobotsMiddleware(RobotsTxtMiddleware):
         scheduler = self._scheduler
         self._expires[origin] = time.monotonic() + self.postpone
         self._unreachable[origin] = scheduler.now() + self.postpone
-        scheduler.postpone_host(host_of(origin), self.postpone)
+        host = host_of(origin)
+        parsers = robots_parsers(self)
+        if any(host_of(other) == host and other not in self._unreachable and not isinstance(rp, Deferred)
+               for other, rp in parsers.items()):
+            # Another origin of the host name (the other scheme, another
+            # port) was read: the host goes on, and this origin's requests
+            # are parked one by one (process_request_2). A stray
+            # https:// link to a host that serves only http held it all up.
+            logger.warning("robots.txt of %s %s: its pages wait %gs", origin, why, self.postpone)
+            return
+        scheduler.postpone_host(host, self.postpone)
         logger.warning("robots.txt of %s %s: host postponed for %gs", origin, why, self.postpone)
 
-    def _apply_crawl_delay(self, rp: RobotParser, request: Request) -> None:
-        crawl_delay = rp.crawl_delay(robots_useragent(self, request))
+    def _apply_crawl_delay(self, rp: RobotParser, origin: str, request: Request) -> None:
+        self._crawl_delays[origin] = rp.crawl_delay(robots_useragent(self, request))
+        host = host_of(origin)
+        crawl_delay = max((d for o, d in self._crawl_delays.items() if d is not None and host_of(o) == host),
+                          default=None)
         if (told := getattr(self._scheduler, "crawl_delay", None)) is not None:
-            told(host_of(request.url), crawl_delay)  # the schedule fits each host's share to it
+            told(host, crawl_delay)  # the schedule fits each host's share to it
         downloader = self.crawler.engine.downloader  # type: ignore[union-attr]
         key = downloader.get_slot_key(request)
         if crawl_delay is None and key not in self._slot_delays:

@@ -134,6 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         server: SmallSite = self.server  # type: ignore[assignment]
         server.log.append(self.path)
+        server.arrivals.append((self.path, time.monotonic()))
         time.sleep(server.delays.get(self.path, 0.0))
         status, body = server.pages.get(self.path, (404, b"not found"))
         etag = f'"{zlib.crc32(body):08x}"'
@@ -169,6 +170,7 @@ class SmallSite(LoopbackServer):
         self.pages = pages
         self.etags = etags
         self.log: list[str] = []
+        self.arrivals: list[tuple[str, float]] = []  # (path, monotonic time) of each request
         self.statuses: dict[str, int] = {}
         self.locations: dict[str, str] = {}
         self.delays: dict[str, float] = {}  # path -> seconds before it is answered
@@ -233,35 +235,87 @@ def test_a_robots_txt_that_redirects_off_the_site_is_read_there(tmp_path):
     assert result.stat("vertical/robots/forbidden") == 1
 
 
+def _loopback_host() -> str:
+    """A loopback address of its own, so that ports 80 and 443 are free."""
+    return f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
+
+
+def _on_default_port(pages: dict[str, tuple[int, bytes]], host: str, tls_dir: Path | None = None) -> SmallSite:
+    """A SmallSite on port 80 of ``host``, or on 443 with TLS (a certificate
+    made in ``tls_dir``); skips the test where those ports need root."""
+    try:
+        site = SmallSite(pages, address=(host, 443 if tls_dir else 80))
+    except PermissionError:
+        pytest.skip("ports 80 and 443 need root")
+    if tls_dir:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        f"/CN={host}", "-keyout", str(tls_dir / "key.pem"), "-out", str(tls_dir / "cert.pem")],
+                       check=True, capture_output=True)
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(tls_dir / "cert.pem", tls_dir / "key.pem")
+        site.socket = tls.wrap_socket(site.socket, server_side=True)
+    return site
+
+
+def _schemes_site(tmp_path: Path, host: str, start_urls: list[str]) -> Path:
+    return site_file(tmp_path, f"http://{host}", name="small", allowed_domains=[host], documents=[],
+                     start_urls=start_urls, follow={"allow": [], "deny": [], "restrict_xpaths": []},
+                     politeness={"delay": 0, "concurrency": 1})
+
+
 def test_http_and_https_of_one_host_each_have_their_robots_txt(tmp_path):
     """RFC 9309 2.3: a robots.txt applies to the scheme, host and port it
     was fetched from. On their default ports http://h/ and https://h/ share
     a netloc, by which Scrapy keys its parsers: https://h/private/ was
     fetched under http://h/robots.txt's rules."""
-    host = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={host}",
-                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
-                   check=True, capture_output=True)
-    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    host = _loopback_host()
     pages = {"/": (200, html()), "/private/x": (200, html()), "/plain-only/x": (200, html())}
-    try:
-        plain = SmallSite({**pages, "/robots.txt": (200, b"User-agent: *\nDisallow: /plain-only/\n")},
-                          address=(host, 80))
-        secure = SmallSite({**pages, "/robots.txt": (200, b"User-agent: *\nDisallow: /private/\n")},
-                           address=(host, 443))
-    except PermissionError:
-        pytest.skip("ports 80 and 443 need root")
-    secure.socket = tls.wrap_socket(secure.socket, server_side=True)
+    plain = _on_default_port({**pages, "/robots.txt": (200, b"User-agent: *\nDisallow: /plain-only/\n")}, host)
+    secure = _on_default_port({**pages, "/robots.txt": (200, b"User-agent: *\nDisallow: /private/\n")}, host,
+                              tls_dir=tmp_path)
     with serving(plain), serving(secure):
-        site = site_file(tmp_path, f"http://{host}", name="small", allowed_domains=[host], documents=[],
-                         start_urls=[f"{scheme}://{host}{path}" for scheme in ("http", "https") for path in pages],
-                         follow={"allow": [], "deny": [], "restrict_xpaths": []},
-                         politeness={"delay": 0, "concurrency": 1})
+        site = _schemes_site(tmp_path, host, [f"{scheme}://{host}{path}" for scheme in ("http", "https")
+                                              for path in pages])
         result = crawl(site, tmp_path / "f.sqlite3", tmp_path)
     assert sorted(plain.log) == ["/", "/private/x", "/robots.txt"]
     assert sorted(secure.log) == ["/", "/plain-only/x", "/robots.txt"]
     assert result.stat("vertical/robots/forbidden") == 2
+
+
+@pytest.mark.parametrize("delayed", ["http", "https"])
+def test_a_crawl_delay_of_one_scheme_holds_for_the_host(tmp_path, delayed):
+    """http://h and https://h are one download slot and one pace: the
+    robots.txt without a Crawl-delay, read last, took back the other's."""
+    host = _loopback_host()
+    pages = {f"/{i}": (200, html()) for i in range(4)}
+    with_delay = b"User-agent: *\nCrawl-delay: 1\n"
+    plain = _on_default_port({**pages, "/robots.txt": (200, with_delay if delayed == "http" else b"")}, host)
+    secure = _on_default_port({**pages, "/robots.txt": (200, with_delay if delayed == "https" else b"")}, host,
+                              tls_dir=tmp_path)
+    # The one without the delay is read last: its pages come second, and the
+    # host's slot takes one request at a time.
+    other = "https" if delayed == "http" else "http"
+    with serving(plain), serving(secure):
+        site = _schemes_site(tmp_path, host, [f"{scheme}://{host}{path}" for scheme in (delayed, other)
+                                              for path in pages])
+        crawl(site, tmp_path / "f.sqlite3", tmp_path)
+    arrivals = sorted(t for server in (plain, secure) for path, t in server.arrivals if path != "/robots.txt")
+    assert len(arrivals) == 8
+    assert min(b - a for a, b in zip(arrivals, arrivals[1:])) >= 1 - SLACK
+
+
+def test_a_stray_https_link_to_an_http_only_host_holds_none_of_its_pages(tmp_path):
+    """Nothing listens on 443: https://h/robots.txt is unreachable, and its
+    pages wait; the http pages, whose robots.txt was read, do not."""
+    host = _loopback_host()
+    pages = {"/": (200, html("/a", f"https://{host}/secure", "/b")), "/a": (200, html("/c")),
+             "/b": (200, html()), "/c": (200, html())}
+    plain = _on_default_port({**pages, "/robots.txt": (200, b"User-agent: *\nDisallow:\n")}, host)
+    with serving(plain):
+        result = crawl(_schemes_site(tmp_path, host, [f"http://{host}/"]), tmp_path / "f.sqlite3", tmp_path)
+    assert sorted(plain.log) == ["/", "/a", "/b", "/c", "/robots.txt"]
+    assert result.stat("vertical/host/postponed") == 0
+    assert result.stat("vertical/robots/postponed") == 1
 
 
 @pytest.mark.parametrize(("user_agent", "fetched"), [
