@@ -42,7 +42,6 @@ __all__ = [
     "check_response",
     "check_url",
     "url_family",
-    "url_kind",
 ]
 
 
@@ -239,17 +238,6 @@ def url_family(url: str) -> str:
     return f"{parts.netloc}{path}{'?' if parts.query else ''}"
 
 
-def url_kind(url: str) -> str:
-    """The family of ``url`` and the names of its query's parameters, sorted:
-    the kinds of page one path serves. ``/list?page=4`` and
-    ``/list?page=5&sort=old`` are one family and two kinds, as are a wiki's
-    ``/index.php?title=X&action=history`` and ``/index.php?title=Y&from=Z``.
-    """
-    query = urlsplit(url).query
-    names = sorted({pair.partition("=")[0] for pair in query.split("&") if pair}) if query else []
-    return url_family(url) + "&".join(names)
-
-
 class BarrenGuard:
     """Ends the traps that no single URL or response gives away: chains of
     pages that yield nothing new, and URL families that keep growing without
@@ -280,17 +268,12 @@ class BarrenGuard:
       not yet parsed (the spider runs behind the downloader on a loaded
       machine) cannot carry a family past its budget. A branching trap
       (faceted search, session ids minted on every page) costs at most
-      ``family_budget`` first fetches that yield nothing. A family that ran
-      out still fetches the pages of a kind of it (:func:`url_kind`: the
-      same query parameters) that has proven productive, ``PROOF`` more of
-      its first fetches having yielded a document no other page revealed
-      than not: the barren query variants of a listing (sort orders, print
-      views, a wiki's page histories) spend the family's budget, and the
-      listing itself goes on. A trap that yields now and then is refused
-      all the same (a calendar with an event every other month, facets that
-      reveal a document at one visit in three). The URLs a productive page
-      links never count against its family (a listing that links its
-      2 000 pages at once).
+      ``family_budget`` first fetches that yield nothing. A family is
+      refused however many of its pages yield (a trap that yields now and
+      then is still a trap), so a listing whose barren query variants spend
+      the budget loses its later pages. The URLs a productive page links
+      never count against its family (a listing that links its 2 000
+      pages at once).
 
     Plain Python: ``is_document(url)`` applies the site's document rules and
     ``new(fingerprints)`` answers which fingerprints the frontier does not
@@ -300,9 +283,6 @@ class BarrenGuard:
 
     #: Pages whose links' hop count is remembered until the links are admitted.
     MEMORY = 1 << 16
-    #: How many more of a kind's first fetches must have yielded than not for
-    #: it to go on once its family ran out.
-    PROOF = 10
 
     def __init__(
         self,
@@ -318,8 +298,6 @@ class BarrenGuard:
         self.max_hops = max_hops
         self.family_budget = family_budget
         self.barren: Counter[str] = Counter()  # family -> pages barren at their first fetch
-        self.kinds: Counter[str] = Counter()  # kind -> its first fetches that yielded, less those that did not
-        self._revealed: OrderedDict[int, None] = OrderedDict()  # documents a page was credited with
         self.spawned: Counter[str] = Counter()  # family -> URLs admitted from its own barren pages
         self.under_way: Counter[str] = Counter()  # family -> first fetches handed out, not yet noted
         self._under_way: dict[int, str] = {}  # their fingerprints -> family
@@ -347,12 +325,9 @@ class BarrenGuard:
             productive = True
         else:
             docs = {fingerprint(u) for u in urls if self.is_document(u)}
-            new = self.new(docs) if docs else set()
-            productive = bool(new)
-            if not page.visits:
-                if not productive:
-                    self.barren[url_family(page.url)] += 1
-                self._prove(page.url, new)
+            productive = bool(docs) and bool(self.new(docs))
+            if not productive and not page.visits:
+                self.barren[url_family(page.url)] += 1
         below = self._below
         below[page.fingerprint] = 0 if productive else page.extra.get(HOPS, 0) + 1
         below.move_to_end(page.fingerprint)
@@ -379,7 +354,7 @@ class BarrenGuard:
             # trap that branches (25 new facet links a page) would queue far
             # more of them than its budget lets it fetch. (An index page
             # linking 3 000 categories is of another family than they are.)
-            if self.spawned[family] >= self.family_budget and not self._proven(record.url):
+            if self.spawned[family] >= self.family_budget:
                 return "url_family"
             self.spawned[family] += 1
         return None
@@ -423,22 +398,7 @@ class BarrenGuard:
             return None
         return self._exhausted(record.url)
 
-    def _prove(self, url: str, new: set[int]) -> None:
-        # Only documents no page revealed before count: siblings fetched
-        # together (facet pages listing the same products) each find them
-        # new to the frontier while they wait to be admitted.
-        revealed = self._revealed
-        credited = new - revealed.keys()
-        self.kinds[url_kind(url)] += 1 if credited else -1
-        for fp in credited:
-            revealed[fp] = None
-        while len(revealed) > self.MEMORY:
-            revealed.popitem(last=False)
-
-    def _proven(self, url: str) -> bool:
-        return self.kinds[url_kind(url)] >= self.PROOF
-
     def _exhausted(self, url: str) -> str | None:
-        if self.family_budget and self.barren[url_family(url)] >= self.family_budget and not self._proven(url):
+        if self.family_budget and self.barren[url_family(url)] >= self.family_budget:
             return "url_family"
         return None
