@@ -20,6 +20,8 @@ default, enabled by ``ROBOTSTXT_OBEY``, which the spider sets from the site's
   unknown, so nothing of the host is
   fetched: the host is postponed for ``VERTICAL_ROBOTS_POSTPONE`` seconds
   (``scheduler.postpone_host``) and robots.txt is asked again after that;
+  when another origin of the host name was read already, only this
+  origin's pages wait, parked one by one;
 - a frontier URL that robots.txt disallows is recorded as ``forbidden``,
   counted in ``vertical/robots/forbidden``, and parked until the host's
   robots.txt is due again (``VERTICAL_ROBOTS_TTL``): then it is looked at
